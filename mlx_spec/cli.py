@@ -1,0 +1,107 @@
+"""`mlx-spec` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import SpecError
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="model directory, models.toml name or hub id (default: built-in demo)")
+    parser.add_argument("--draft-model", help="a smaller model of the same vocabulary to draft with")
+    parser.add_argument("--drafter", choices=["draft-model", "ngram", "off"],
+                        help="how to draft (default: draft-model when one is known, else ngram)")
+    parser.add_argument("--num-draft", type=int, help="tokens drafted per round (default: from models.toml, or 4/3)")
+    parser.add_argument("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
+    parser.add_argument("--kv-group-size", type=int, default=64)
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--presence-penalty", type=float, default=0.0)
+    parser.add_argument("--frequency-penalty", type=float, default=0.0)
+    parser.add_argument("--penalty-window", type=int, default=64, help="tokens the penalties look back on")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def sampling_params(args):
+    from .sampling import SamplingParams
+
+    return SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repetition_penalty,
+                          args.presence_penalty, args.frequency_penalty, args.penalty_window)
+
+
+def load_engine(args):
+    from . import linux_blas
+    from .loading import load
+
+    if args.model is None:
+        print("no --model given: using the built-in tiny demo model (random weights, its text is noise); "
+              "run a real one with --model mlx-community/Qwen3-8B-4bit or a local directory", file=sys.stderr)
+    engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size)
+    drafter = f"{engine.drafter.name}, {engine.policy.draft_len} tokens/round" if engine.drafter else "off"
+    print(f"drafter: {drafter} | BLAS: {linux_blas.describe()}", file=sys.stderr)
+    return engine
+
+
+def generate(args) -> int:
+    from .engine import Done, Token
+
+    params = sampling_params(args)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    engine = load_engine(args)
+    if not args.raw and getattr(engine.tokenizer, "has_chat_template", False) and prompt.strip():
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                      add_generation_prompt=True)
+    for event in engine.stream(prompt, params, args.max_tokens, args.stop, args.seed):
+        if isinstance(event, Token) and not args.json:
+            print(event.text, end="", flush=True)
+        elif isinstance(event, Done):
+            if args.json:
+                print(json.dumps({"text": event.text, "tokens": event.tokens, "stop_reason": event.stop_reason,
+                                  "stats": event.stats.to_dict()}))
+            else:
+                print()
+                print(f"[{event.stop_reason}] {event.stats.summary()}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="generate text from a prompt")
+    add_model_args(gen)
+    add_sampling_args(gen)
+    gen.add_argument("--prompt", required=True, help="the prompt text, or - to read it from stdin")
+    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and statistics")
+    gen.set_defaults(run=generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .linux_blas import reexec_with_openblas
+
+    args = build_parser().parse_args(argv)
+    if argv is None:  # a real command line, which can be restarted with a faster BLAS
+        reexec_with_openblas()
+    try:
+        return args.run(args)
+    except SpecError as e:
+        print(f"mlx-spec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

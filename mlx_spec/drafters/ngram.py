@@ -1,0 +1,41 @@
+"""Prompt-lookup / n-gram drafting: continue the text the way it continued the last time the current
+suffix appeared in the prompt or the output. Free: no model, no extra memory beyond an index."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..sampling import SamplingParams
+from ..target import Step
+from . import Draft
+
+
+class NgramDrafter:
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def begin(self, context: list[int]) -> None:
+        self.latest: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest occurrence
+        self.indexed = 0  # n-grams ending at or before this position are in `latest`
+
+    def _index(self, context: list[int]) -> None:
+        # Index every n-gram ending before the current end, so a lookup of the suffix finds an earlier copy.
+        for end in range(self.indexed + 1, len(context)):
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                if end >= n:
+                    self.latest[tuple(context[end - n:end])] = end
+        self.indexed = max(self.indexed, len(context) - 1)
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
+        self._index(context)
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            end = self.latest.get(tuple(context[-n:])) if len(context) > n else None
+            if end is not None:
+                tokens = context[end:end + k]
+                return Draft(mx.array(tokens, dtype=mx.int32))
+        return Draft.empty()
+
+    def accept(self, context: list[int], accepted: int, step: Step) -> None:
+        pass

@@ -1,0 +1,172 @@
+"""The speculative round loop: propose -> verify on the target -> roll back -> emit.
+
+A round feeds the target `[last, *drafts]` (the last emitted token is never in the cache yet), scores all of
+them in one forward pass, keeps the accepted drafts plus one token from the target, and removes the rejected
+positions from the cache. One host synchronisation per round; everything before it is a lazy graph.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import mlx.core as mx
+
+from .drafters import Draft, Drafter
+from .errors import SpecError
+from .policy import FixedDraftLength
+from .sampling import SamplingParams
+from .stats import Stats
+from .target import MAX_DRAFT_LEN, Step, Target
+from .verify import verify_draft
+
+
+@dataclass
+class Token:
+    id: int
+    text: str  # newly printable text (may be empty while a multi-byte character or stop string is pending)
+    from_draft: bool
+
+
+@dataclass
+class Round:
+    draft_len: int
+    accepted: int
+
+
+@dataclass
+class Done:
+    stop_reason: str  # "eos", "max_tokens" or "stop_string"
+    text: str
+    tokens: list[int]
+    stats: Stats
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: list[int]
+    stop_reason: str
+    stats: Stats
+    from_draft: list[bool] = field(default_factory=list)
+
+
+class TextStream:
+    """Incremental detokenization that holds back text which could still become a stop string."""
+
+    def __init__(self, tokenizer, stop: list[str]):
+        self.detokenizer = tokenizer.detokenizer
+        self.stop = [s for s in stop if s]
+        self.holdback = max((len(s) for s in self.stop), default=1) - 1
+        self.shown = 0
+        self.stopped_at: int | None = None
+
+    def add(self, token: int) -> str:
+        self.detokenizer.add_token(token)
+        text = self.detokenizer.text
+        for s in self.stop:
+            i = text.find(s, max(0, self.shown - len(s)))
+            if i >= 0 and (self.stopped_at is None or i < self.stopped_at):
+                self.stopped_at = i
+        end = self.stopped_at if self.stopped_at is not None else len(text) - self.holdback
+        return self._emit(end)
+
+    def finish(self) -> str:
+        self.detokenizer.finalize()
+        return self._emit(self.stopped_at if self.stopped_at is not None else len(self.detokenizer.text))
+
+    def _emit(self, end: int) -> str:
+        piece = self.detokenizer.text[self.shown:end] if end > self.shown else ""
+        self.shown = max(self.shown, end)
+        return piece
+
+    @property
+    def text(self) -> str:
+        return self.detokenizer.text[: self.shown]
+
+
+class Engine:
+    """A target model, its tokenizer and an optional drafter. `stream` yields Token / Round / Done events."""
+
+    def __init__(self, target: Target, tokenizer, drafter: Drafter | None = None, draft_len: int = 4):
+        if not 0 <= draft_len <= MAX_DRAFT_LEN:
+            raise SpecError(f"draft length must be between 0 and {MAX_DRAFT_LEN}, got {draft_len}")
+        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.policy = FixedDraftLength(draft_len if drafter else 0)
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise SpecError("the prompt is empty: give some text to continue")
+        return ids
+
+    def stream(self, prompt: str | list[int], params: SamplingParams = SamplingParams(), max_tokens: int = 256,
+               stop: list[str] = (), seed: int = 0) -> Iterator[Token | Round | Done]:
+        if max_tokens < 1:
+            raise SpecError(f"max_tokens must be >= 1, got {max_tokens}")
+        context = self.encode(prompt)
+        stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
+        mx.reset_peak_memory()
+        start = time.perf_counter()
+        self.target.reset()
+        self.target.prefill(context[:-1])
+        if self.drafter:
+            self.drafter.begin(context)
+        stats.prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+
+        text, generated, key = TextStream(self.tokenizer, list(stop)), [], mx.random.key(seed)
+        eos = self.tokenizer.eos_token_ids
+        stop_reason = None
+        while stop_reason is None:
+            key, round_key = mx.random.split(key)
+            draft_len = self.policy.next_draft_len(max_tokens - len(generated))
+            draft_len, accepted, new_tokens = self.speculate_round(context, draft_len, params, round_key)
+            context += new_tokens
+            stats.record_round(draft_len, accepted)
+            yield Round(draft_len, accepted)
+            for i, token in enumerate(new_tokens):
+                generated.append(token)
+                if token in eos:
+                    stop_reason = "eos"
+                    break
+                yield Token(token, text.add(token), from_draft=i < accepted)
+                if text.stopped_at is not None:
+                    stop_reason = "stop_string"
+                elif len(generated) >= max_tokens:
+                    stop_reason = "max_tokens"
+                if stop_reason:
+                    break
+
+        tail = text.finish()
+        if tail:
+            yield Token(-1, tail, from_draft=False)  # text held back for a stop string that never came
+        stats.decode_seconds = time.perf_counter() - start
+        stats.generated_tokens = len(generated)
+        stats.record_memory()
+        yield Done(stop_reason, text.text, generated, stats)
+
+    def speculate_round(self, context: list[int], draft_len: int, params: SamplingParams, key: mx.array):
+        """One round: returns (drafts proposed, drafts accepted, tokens to append to the context)."""
+        draft_key, verify_key = mx.random.split(key)
+        draft = self.drafter.propose(context, draft_len, params, draft_key) if draft_len else Draft.empty()
+        draft_len = draft.tokens.shape[0]
+        step = self.target.forward(mx.concatenate([mx.array(context[-1:], dtype=mx.int32), draft.tokens]))
+        accepted, next_token = verify_draft(draft, step.logits, params, context, verify_key)
+        mx.eval(draft.tokens, accepted, next_token)  # the round's only host synchronisation
+        accepted = accepted.item()
+        self.target.rollback(draft_len - accepted)
+        new_tokens = draft.tokens[:accepted].tolist() + [next_token.item()]
+        if self.drafter:
+            self.drafter.accept(context + new_tokens, accepted, Step(step.logits[: accepted + 1]))
+        return draft_len, accepted, new_tokens
+
+    def generate(self, prompt: str | list[int], params: SamplingParams = SamplingParams(), max_tokens: int = 256,
+                 stop: list[str] = (), seed: int = 0) -> Result:
+        from_draft = []
+        for event in self.stream(prompt, params, max_tokens, stop, seed):
+            if isinstance(event, Token) and event.id >= 0:
+                from_draft.append(event.from_draft)
+            elif isinstance(event, Done):
+                return Result(event.text, event.tokens, event.stop_reason, event.stats, from_draft)

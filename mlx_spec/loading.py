@@ -1,0 +1,163 @@
+"""Resolve a model name, path or hub id; load target and drafter; check that they belong together."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import tomllib
+from pathlib import Path
+
+import psutil
+
+from .drafters.draft_model import DraftModelDrafter
+from .drafters.ngram import NgramDrafter
+from .engine import Engine
+from .errors import SpecError
+from .target import Target
+
+REGISTRY = Path(__file__).with_name("models.toml")
+HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+VOCAB_PADDING_TOLERANCE = 128
+DRAFTERS = ("draft-model", "ngram", "off")
+
+
+def registry() -> dict:
+    return tomllib.loads(REGISTRY.read_text())["models"]
+
+
+def default_model_dir() -> Path:
+    """The built-in offline model, built on first use (tiny, random weights)."""
+    root = Path(os.environ.get("MLX_SPEC_HOME", Path.home() / ".cache" / "mlx-spec")) / "tiny-demo"
+    if not (root / "target" / "model.safetensors").exists():
+        from .tiny import build_checkpoint, build_layer_skip_draft, build_tokenizer
+
+        root.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=root.parent, prefix=".tiny-demo-"))
+        target = build_checkpoint(work / "target", "qwen3", build_tokenizer(work / "tokenizer"), seed=0)
+        build_layer_skip_draft(work / "draft", target, keep_layers=2)
+        shutil.rmtree(root, ignore_errors=True)
+        work.rename(root)  # atomic: nothing half-written is ever used
+    return root
+
+
+def resolve(name: str) -> Path:
+    """A local directory, a models.toml alias or a Hugging Face repo id -> a local checkpoint directory."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise SpecError(f"{name} is a file, not a model directory: pass the folder that holds config.json")
+        return path
+    entry = registry().get(name)
+    repo = entry["repo"] if entry else name
+    if repo.count("/") != 1 or repo.startswith((".", "/", "~")):
+        raise SpecError(f"unknown model {name!r}: not a directory, not in models.toml "
+                        f"({', '.join(sorted(registry()))}), not a hub id like org/name")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS))
+    except Exception as e:  # the hub client raises many types; all mean the same to the user
+        raise SpecError(f"could not fetch {repo!r} from the Hugging Face hub ({type(e).__name__}): "
+                        "check the name and your network, or pass a local directory") from None
+
+
+def weight_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("model*.safetensors"))
+
+
+def check_memory(path: Path, what: str) -> None:
+    needed, available = weight_bytes(path), psutil.virtual_memory().available
+    if needed > available:
+        raise SpecError(f"not enough memory for the {what} at {path}: its weights need {needed / 2**30:.1f} GiB, "
+                        f"{available / 2**30:.1f} GiB are available; use a smaller or more quantized model")
+
+
+def load_checkpoint(path: Path, what: str):
+    """(model, tokenizer, config) from a checkpoint directory, with one-line errors for broken ones."""
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    if not (path / "config.json").exists():
+        raise SpecError(f"{path} has no config.json: point --model at a Hugging Face or MLX checkpoint directory")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{path / 'config.json'} is not valid JSON ({e}): re-download the checkpoint") from None
+    if not weight_bytes(path):
+        raise SpecError(f"{path} holds no model*.safetensors weights: re-download or re-convert the checkpoint")
+    check_memory(path, what)
+    try:
+        model, config = load_model(path)
+    except Exception as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SpecError(f"cannot load the {what} weights in {path} ({reason}): the files are corrupt, incomplete "
+                        "or of an unsupported architecture; re-download or re-convert them") from None
+    try:
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except Exception as e:
+        raise SpecError(f"cannot load the tokenizer in {path} ({type(e).__name__}: {e})") from None
+    return model, tokenizer, config
+
+
+def vocab_size(config: dict) -> int:
+    return config.get("vocab_size") or config.get("text_config", {})["vocab_size"]
+
+
+def vocab_mismatch(target_tok, target_cfg: dict, draft_tok, draft_cfg: dict) -> str | None:
+    """Why a draft model cannot serve this target (None when it can): llama.cpp's and vLLM's checks."""
+    tv, dv = vocab_size(target_cfg), vocab_size(draft_cfg)
+    if abs(tv - dv) > VOCAB_PADDING_TOLERANCE:
+        return f"vocabulary sizes differ ({tv} vs {dv})"
+    if set(target_tok.eos_token_ids) != set(draft_tok.eos_token_ids):
+        return f"end-of-sequence ids differ ({sorted(target_tok.eos_token_ids)} vs {sorted(draft_tok.eos_token_ids)})"
+    if target_tok.bos_token_id != draft_tok.bos_token_id:
+        return f"begin-of-sequence ids differ ({target_tok.bos_token_id} vs {draft_tok.bos_token_id})"
+    target_vocab = {i: s for s, i in target_tok.get_vocab().items()}
+    for s, i in sorted(draft_tok.get_vocab().items(), key=lambda item: item[1]):
+        if i in target_vocab and target_vocab[i] != s:
+            return f"token {i} is {target_vocab[i]!r} in the target but {s!r} in the draft"
+    return None
+
+
+def load(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
+         draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64) -> Engine:
+    """Load a target and a drafter into an Engine.
+
+    model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
+    drafter: "draft-model" (needs draft_model, or a models.toml entry that names one), "ngram" or "off";
+    default: "draft-model" when a draft model is known, else "ngram".
+    """
+    entry = registry().get(model, {}) if model else {}
+    if model is None:
+        path = default_model_dir()
+        target_path, draft_model = path / "target", draft_model or str(path / "draft")
+    else:
+        target_path = resolve(model)
+    draft_model = draft_model or entry.get("draft_model")
+    drafter = drafter or ("draft-model" if draft_model else "ngram")
+    if drafter not in DRAFTERS:
+        raise SpecError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
+    if drafter == "draft-model" and not draft_model:
+        raise SpecError("--drafter draft-model needs --draft-model PATH_OR_REPO")
+    if draft_len is None:
+        draft_len = entry.get("draft_len", 4 if drafter == "draft-model" else 3)
+
+    target_model, tokenizer, target_cfg = load_checkpoint(target_path, "target model")
+    target = Target(target_model, kv_bits, kv_group_size)
+    if drafter != "off" and (problem := target.rollback_problem()):
+        raise SpecError(f"speculation is not available for {target_path}: {problem}; run with --drafter off")
+
+    chosen = None
+    if drafter == "ngram":
+        chosen = NgramDrafter()
+    elif drafter == "draft-model":
+        draft_path = resolve(draft_model)
+        draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
+        if why := vocab_mismatch(tokenizer, target_cfg, draft_tok, draft_cfg):
+            raise SpecError(f"draft model {draft_path} does not share the target's vocabulary: {why}; "
+                            "use a draft from the same model family")
+        chosen = DraftModelDrafter(draft, vocab_size(target_cfg), kv_bits, kv_group_size)
+        if problem := chosen.runner.rollback_problem():
+            raise SpecError(f"draft model {draft_path} cannot be used: {problem}")
+    return Engine(target, tokenizer, chosen, draft_len if chosen else 0)

@@ -1,0 +1,126 @@
+"""Sampling parameters -> processed probability distributions, the same code for draft and target.
+
+Exact rejection sampling needs the distributions themselves, not a sampler closure: `distributions` turns
+raw logits for consecutive positions into the processed p (or q) at each of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import mlx.core as mx
+
+from .errors import SpecError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen. `temperature == 0` is greedy decoding."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_window: int = 64
+
+    def __post_init__(self):
+        checks = [
+            (math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0"),
+            (self.top_k >= 0, "top_k must be >= 0 (0 disables it)"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1] (1 disables it)"),
+            (0.0 <= self.min_p < 1.0, "min_p must be in [0, 1) (0 disables it)"),
+            (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
+             "repetition_penalty must be > 0 (1 disables it)"),
+            (math.isfinite(self.presence_penalty), "presence_penalty must be a finite number"),
+            (math.isfinite(self.frequency_penalty), "frequency_penalty must be a finite number"),
+            (self.penalty_window >= 1, "penalty_window must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise SpecError(f"{message} (got {asdict(self)})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def penalty_counts(history: list[int], drafts: mx.array | None, positions: int, window: int, vocab: int,
+                   start: int = 0):
+    """Token counts seen by each of `positions` consecutive positions: counts[j] covers the last `window`
+    tokens of history + drafts[:start + j] (drafts may be lazy device arrays)."""
+    rows = []
+    for j in range(start, start + positions):
+        n_hist = max(0, window - j)
+        past = mx.array(history[-n_hist:] if n_hist else [], dtype=mx.int32)
+        if j and drafts is not None:
+            past = mx.concatenate([past, drafts[max(0, j - window):j].astype(mx.int32)])
+        rows.append(mx.zeros((vocab,), mx.float32).at[past].add(1.0) if past.size else mx.zeros((vocab,)))
+    return mx.stack(rows)
+
+
+def apply_penalties(logits: mx.array, counts: mx.array, params: SamplingParams) -> mx.array:
+    seen = counts > 0
+    if params.repetition_penalty != 1.0:
+        r = params.repetition_penalty
+        logits = mx.where(seen, mx.where(logits < 0, logits * r, logits / r), logits)
+    if params.presence_penalty:
+        logits = logits - params.presence_penalty * seen
+    if params.frequency_penalty:
+        logits = logits - params.frequency_penalty * counts
+    return logits
+
+
+def penalized(logits: mx.array, params: SamplingParams, history: list[int], drafts: mx.array | None = None,
+              start: int = 0) -> mx.array:
+    """float32 logits after the repetition / presence / frequency penalties (rows as in `distributions`)."""
+    logits = logits.astype(mx.float32)
+    if not params.has_penalties:
+        return logits
+    n, vocab = logits.shape
+    return apply_penalties(logits, penalty_counts(history, drafts, n, params.penalty_window, vocab, start), params)
+
+
+def greedy_tokens(logits: mx.array, params: SamplingParams, history: list[int], drafts: mx.array | None = None,
+                  start: int = 0) -> mx.array:
+    """The argmax token of each row after penalties: temperature-0 decoding without building distributions."""
+    return mx.argmax(penalized(logits, params, history, drafts, start), axis=-1).astype(mx.int32)
+
+
+def distributions(logits: mx.array, params: SamplingParams, history: list[int],
+                  drafts: mx.array | None = None, start: int = 0) -> mx.array:
+    """Processed next-token distributions for consecutive positions.
+
+    logits: (n, V) raw logits; row j scores the token after history + drafts[:start + j].
+    Returns (n, V) float32 probabilities. Greedy parameters give one-hot argmax rows.
+    """
+    logits = penalized(logits, params, history, drafts, start)
+    vocab = logits.shape[-1]
+    if params.greedy:
+        return (mx.arange(vocab)[None] == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
+    probs = mx.softmax(logits / params.temperature, axis=-1)
+    if 0 < params.top_k < vocab:
+        kth = mx.sort(probs, axis=-1)[:, vocab - params.top_k][:, None]
+        probs = mx.where(probs >= kth, probs, 0.0)
+    if params.top_p < 1.0:
+        # keep the smallest set of most likely tokens whose mass reaches top_p
+        sorted_probs = mx.sort(probs, axis=-1)[:, ::-1]
+        mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs
+        kept = mass_before < params.top_p * probs.sum(axis=-1, keepdims=True)
+        threshold = mx.min(mx.where(kept, sorted_probs, mx.inf), axis=-1, keepdims=True)
+        probs = mx.where(probs >= threshold, probs, 0.0)
+    if params.min_p > 0:
+        probs = mx.where(probs >= params.min_p * probs.max(axis=-1, keepdims=True), probs, 0.0)
+    return probs / probs.sum(axis=-1, keepdims=True)
+
+
+def sample(probs: mx.array, key: mx.array) -> mx.array:
+    """One token per row of `probs` (n, V), on the device (no host sync)."""
+    return mx.random.categorical(mx.log(probs), axis=-1, key=key)

@@ -1,0 +1,79 @@
+"""Counters and timings of a generation, and the metrics users read (names as vLLM / llama.cpp use them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+
+@dataclass
+class Stats:
+    drafter: str = "off"
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    rounds: int = 0  # target forward passes after the prefill
+    drafted: int = 0
+    accepted: int = 0
+    position_drafted: list[int] = field(default_factory=list)  # rounds that drafted position j
+    position_accepted: list[int] = field(default_factory=list)  # rounds that accepted position j
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    peak_memory: int = 0
+    active_memory: int = 0
+
+    def record_round(self, draft_len: int, accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += draft_len
+        self.accepted += accepted
+        grow = draft_len - len(self.position_drafted)
+        if grow > 0:
+            self.position_drafted += [0] * grow
+            self.position_accepted += [0] * grow
+        for j in range(draft_len):
+            self.position_drafted[j] += 1
+            self.position_accepted[j] += j < accepted
+
+    def record_memory(self) -> None:
+        self.active_memory = mx.get_active_memory()
+        self.peak_memory = max(self.peak_memory, mx.get_peak_memory())
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per target forward (tau = 1 + accepted / rounds)."""
+        return 1 + self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.generated_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        names = ["drafter", "prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted",
+                 "acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "prefill_tps",
+                 "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory"]
+        return {name: getattr(self, name) for name in names}
+
+    def summary(self) -> str:
+        line = (f"{self.generated_tokens} tokens, {self.decode_tps:.1f} tok/s decode, "
+                f"{self.prefill_tps:.1f} tok/s prefill ({self.prompt_tokens} prompt tokens)")
+        if self.drafter != "off":
+            positions = " ".join(f"{a:.0%}" for a in self.per_position_acceptance)
+            line += (f" | {self.drafter}: acceptance {self.acceptance_rate:.1%} "
+                     f"({self.accepted}/{self.drafted}), {self.mean_acceptance_length:.2f} tokens/step, "
+                     f"per position [{positions}]")
+        else:
+            line += " | drafting off"
+        return line + f" | peak memory {self.peak_memory / 2**20:.0f} MiB"

@@ -1,0 +1,249 @@
+"""Tiny, complete Hugging Face-layout checkpoints for tests and the offline demo.
+
+Each checkpoint is what a user downloads, only small: `config.json`, `model.safetensors` (float32, HF tensor
+names), `generation_config.json` and a real byte-level BPE tokenizer trained offline on the interpreter's own
+standard-library sources. They load through exactly the code path a real checkpoint takes.
+
+    python -m mlx_spec.tiny OUT_DIR        # writes OUT_DIR/{qwen3,qwen3-draft,llama,gemma3,...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS_MODULES = ["textwrap.py", "string.py", "json/encoder.py", "json/decoder.py", "pprint.py", "colorsys.py"]
+
+
+def corpus_text() -> str:
+    """A few fixed standard-library sources: offline, identical on every machine of one Python version."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return "\n".join((stdlib / name).read_text(encoding="utf-8") for name in CORPUS_MODULES)
+
+
+def build_tokenizer(out_dir: str | Path, vocab_size: int = 512, special_tokens: list[str] = SPECIAL_TOKENS) -> Path:
+    """Train a byte-level BPE tokenizer and write it in the HF `tokenizer.json` layout; the first special
+    token is the end-of-sequence token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([corpus_text()], trainer=trainer)
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": special_tokens[0],
+        "pad_token": special_tokens[0],
+        "bos_token": None,
+        "add_bos_token": False,
+        "model_max_length": 4096,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "special_tokens_map.json").write_text(
+        json.dumps({"eos_token": special_tokens[0], "pad_token": special_tokens[0]}, indent=2)
+    )
+    return out_dir
+
+
+# --- per-family config and tensor names (the exact HF layout of each family) -----------------------------
+
+def _dense_config(model_type, arch, vocab, hidden, layers, heads, kv_heads, head_dim, inter):
+    return {
+        "architectures": [arch],
+        "model_type": model_type,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+        "bos_token_id": None,
+        "eos_token_id": 0,
+    }
+
+
+def family_config(family: str, vocab: int, hidden: int, layers: int, sliding_window: int = 16) -> dict:
+    heads, kv_heads, head_dim, inter = 4, 2, hidden // 2, hidden * 2
+    if family == "qwen3":
+        cfg = _dense_config("qwen3", "Qwen3ForCausalLM", vocab, hidden, layers, heads, kv_heads, head_dim, inter)
+        cfg["tie_word_embeddings"] = True
+    elif family == "llama":
+        cfg = _dense_config("llama", "LlamaForCausalLM", vocab, hidden, layers, heads, kv_heads, head_dim, inter)
+        cfg.update(tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+    elif family == "gemma3":
+        cfg = _dense_config("gemma3_text", "Gemma3ForCausalLM", vocab, hidden, layers, heads, kv_heads, head_dim,
+                            inter)
+        cfg.update(
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=head_dim,
+            sliding_window=sliding_window,
+            sliding_window_pattern=3,
+            layer_types=["full_attention" if (i + 1) % 3 == 0 else "sliding_attention" for i in range(layers)],
+            rope_local_base_freq=10000.0,
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+            tie_word_embeddings=True,
+        )
+        del cfg["hidden_act"]
+    else:
+        raise ValueError(f"unknown family {family!r}: choose qwen3, llama or gemma3")
+    return cfg
+
+
+def family_shapes(family: str, cfg: dict) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape for every tensor of the checkpoint."""
+    h, v, hd = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"]
+    nq, nkv, inter = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not cfg.get("tie_word_embeddings", False):
+        shapes["lm_head.weight"] = (v, h)
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if family == "gemma3":
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (nq * hd, h),
+            p + "self_attn.k_proj.weight": (nkv * hd, h),
+            p + "self_attn.v_proj.weight": (nkv * hd, h),
+            p + "self_attn.o_proj.weight": (h, nq * hd),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+        if family in ("qwen3", "gemma3"):
+            shapes[p + "self_attn.q_norm.weight"] = (hd,)
+            shapes[p + "self_attn.k_norm.weight"] = (hd,)
+        shapes.update({p + n + ".weight": (h,) for n in norms})
+    return shapes
+
+
+def random_weights(family: str, shapes: dict, seed: int) -> dict[str, np.ndarray]:
+    """Random float32 weights scaled so that logits are well spread (few near ties under greedy decoding)
+    and the layers, not the input embedding, dominate the output (random models otherwise echo their input)."""
+    rng = np.random.default_rng(seed)
+    gemma = family == "gemma3"  # Gemma 3 norms store w with effective weight 1 + w, and scale embeddings
+    weights = {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:
+            base = 0.0 if gemma else 1.0
+            if gemma and ("post_attention" in name or "post_feedforward" in name):
+                base = 1.0
+            elif gemma and name == "model.norm.weight":
+                base = 4.0
+            weights[name] = (base + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif "embed_tokens" in name or "lm_head" in name:
+            weights[name] = ((0.1 if gemma else 0.5) * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            weights[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    return weights
+
+
+def write_checkpoint(out_dir: Path, cfg: dict, weights: dict[str, np.ndarray], tokenizer_dir: Path) -> Path:
+    from safetensors.numpy import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": cfg["eos_token_id"]}, indent=2))
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (out_dir / name).write_bytes((tokenizer_dir / name).read_bytes())
+    return out_dir
+
+
+def build_checkpoint(
+    out_dir: str | Path,
+    family: str,
+    tokenizer_dir: str | Path,
+    *,
+    hidden: int = 64,
+    layers: int = 4,
+    sliding_window: int = 16,
+    seed: int = 0,
+) -> Path:
+    """A random-weight checkpoint of `family` sharing the tokenizer in `tokenizer_dir`."""
+    tokenizer_dir = Path(tokenizer_dir)
+    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    cfg = family_config(family, len(vocab), hidden, layers, sliding_window)
+    weights = random_weights(family, family_shapes(family, cfg), seed)
+    return write_checkpoint(Path(out_dir), cfg, weights, tokenizer_dir)
+
+
+def build_layer_skip_draft(out_dir: str | Path, target_dir: str | Path, keep_layers: int = 1,
+                           noise: float = 0.0, seed: int = 1) -> Path:
+    """A draft model made of the target's embeddings, head, final norm and first `keep_layers` layers.
+
+    Random models share no knowledge, so a separately drawn draft would be rejected almost always; a
+    layer-skip draft agrees with its target often, which exercises both accepted and rejected drafts.
+    """
+    from safetensors.numpy import load_file
+
+    target_dir = Path(target_dir)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, w in load_file(str(target_dir / "model.safetensors")).items():
+        if name.startswith("model.layers.") and int(name.split(".")[2]) >= keep_layers:
+            continue
+        weights[name] = (w + noise * rng.standard_normal(w.shape) * w.std()).astype(np.float32)
+    cfg["num_hidden_layers"] = keep_layers
+    if "layer_types" in cfg:
+        cfg["layer_types"] = cfg["layer_types"][:keep_layers]
+    return write_checkpoint(Path(out_dir), cfg, weights, target_dir)
+
+
+def build_suite(root: str | Path) -> dict[str, Path]:
+    """Every checkpoint the tests use, written once under `root`."""
+    root = Path(root)
+    tok = build_tokenizer(root / "tokenizer")
+    other_tok = build_tokenizer(root / "tokenizer-other", vocab_size=480, special_tokens=["</s>", "<s>", "<unk>"])
+    paths = {
+        "qwen3": build_checkpoint(root / "qwen3", "qwen3", tok, layers=4, seed=0),
+        "llama": build_checkpoint(root / "llama", "llama", tok, layers=3, seed=2),
+        "gemma3": build_checkpoint(root / "gemma3", "gemma3", tok, layers=6, sliding_window=16, seed=3),
+        "other-vocab": build_checkpoint(root / "other-vocab", "qwen3", other_tok, layers=1, seed=4),
+    }
+    paths["qwen3-draft"] = build_layer_skip_draft(root / "qwen3-draft", paths["qwen3"], keep_layers=2)
+    paths["llama-draft"] = build_layer_skip_draft(root / "llama-draft", paths["llama"], keep_layers=1)
+    paths["gemma3-draft"] = build_layer_skip_draft(root / "gemma3-draft", paths["gemma3"], keep_layers=3)
+    # all layers, perturbed: close to the target but not equal, for sampled-distribution tests
+    paths["qwen3-noisy"] = build_layer_skip_draft(root / "qwen3-noisy", paths["qwen3"], keep_layers=4, noise=0.2)
+    return paths
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    args = parser.parse_args(argv)
+    for name, path in build_suite(args.out_dir).items():
+        print(f"{name:14s} {os.fspath(path)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Shared by several test modules: references computed independently of mlx-spec's engine."""
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
+from mlx_lm.sample_utils import make_logits_processors
+from mlx_lm.utils import load
+
+from mlx_spec.drafters import Draft
+
+PROMPT = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"
+
+
+def plain_greedy(path, prompt_ids, max_tokens, repetition_penalty=1.0, kv_bits=None):
+    """mlx-lm's own plain greedy decoding: the reference output of the target alone."""
+    model, _ = load(str(path))
+    processors = (make_logits_processors(repetition_penalty=repetition_penalty, repetition_context_size=64)
+                  if repetition_penalty != 1.0 else None)
+    if kv_bits:  # quantized from the first prompt token (mlx-lm's generate_step keeps the prompt unquantized)
+        cache = [QuantizedKVCache(group_size=32, bits=kv_bits) for _ in model.layers]
+    else:
+        cache = make_prompt_cache(model)
+    steps = generate_step(mx.array(prompt_ids), model, max_tokens=max_tokens, logits_processors=processors,
+                          prompt_cache=cache)
+    return [int(token) for token, _ in steps]
+
+
+class CorruptedOracleDrafter:
+    """Proposes the known reference continuation with one wrong token at a random position (or none), so
+    rounds end after every possible number of accepted drafts. It drives the engine; it is not under test."""
+
+    name = "oracle"
+
+    def __init__(self, reference: list[int], prompt_len: int, vocab: int, seed: int = 0):
+        import random
+
+        self.reference, self.prompt_len, self.vocab = reference, prompt_len, vocab
+        self.rng = random.Random(seed)
+
+    def begin(self, context):
+        pass
+
+    def propose(self, context, k, params, key):
+        done = len(context) - self.prompt_len
+        tokens = list(self.reference[done:done + k])
+        wrong_at = self.rng.randrange(len(tokens) + 1) if tokens else 0
+        if wrong_at < len(tokens):
+            tokens[wrong_at] = (tokens[wrong_at] + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
+        return Draft(mx.array(tokens, dtype=mx.int32)) if tokens else Draft.empty()
+
+    def accept(self, context, accepted, step):
+        pass

@@ -1,0 +1,62 @@
+"""Rollback leaves every cache type exactly as if the rolled-back positions had never been processed."""
+
+import random
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+from mlx_lm.utils import load
+
+from mlx_spec.caches import rollback
+from mlx_spec.errors import SpecError
+from mlx_spec.target import MAX_DRAFT_LEN, Target
+
+
+@pytest.mark.parametrize("family,kv_bits", [("gemma3", None), ("qwen3", None), ("llama", 8)])
+def test_random_forward_and_rollback_match_a_fresh_forward(tiny, family, kv_bits):
+    model, _ = load(str(tiny[family]))
+    target = Target(model, kv_bits=kv_bits, kv_group_size=32)
+    rng = random.Random(0)
+    context = [rng.randrange(300) for _ in range(5)]
+    target.prefill(context)
+    wrapped = False
+    for _ in range(60):  # mixes single- and multi-token forwards, as draft models and verifies do
+        tokens = [rng.randrange(300) for _ in range(rng.choice([1, 1, 2, 4, 6]))]
+        step = target.forward(tokens)
+        undo = rng.randrange(len(tokens))
+        target.rollback(undo)
+        context += tokens[: len(tokens) - undo]
+        fresh_target = Target(model, kv_bits=kv_bits, kv_group_size=32)
+        fresh = fresh_target.forward(context).logits[-(len(tokens) - undo):]
+        np.testing.assert_allclose(np.array(step.logits[: len(tokens) - undo]), np.array(fresh), atol=2e-4)
+        probe = rng.randrange(300)
+        after_rollback = target.forward([probe]).logits
+        np.testing.assert_allclose(np.array(after_rollback), np.array(fresh_target.forward([probe]).logits),
+                                   atol=2e-4)
+        target.rollback(1)
+        assert target.offset == len(context)
+        wrapped |= any(isinstance(c, RotatingKVCache) and c.offset > c.max_size for c in target.cache)
+    assert wrapped == (family == "gemma3")  # the sliding window was passed many times over
+
+
+def test_sliding_window_cache_keeps_its_window(tiny):
+    model, _ = load(str(tiny["gemma3"]))
+    window = model.args.sliding_window
+    sizes = {c.max_size for c in Target(model).cache if isinstance(c, RotatingKVCache)}
+    assert sizes == {window + MAX_DRAFT_LEN + 1}
+
+
+def test_rollback_beyond_the_slack_is_an_error(tiny):
+    model, _ = load(str(tiny["gemma3"]))
+    target = Target(model)
+    target.prefill(list(range(100)))
+    with pytest.raises(SpecError, match="cannot roll back"):
+        target.rollback(MAX_DRAFT_LEN + 2)
+
+
+def test_untrimmable_cache_is_an_error_not_a_no_op():
+    cache = [ArraysCache(size=2)]
+    cache[0][0] = mx.zeros((1, 3, 8))
+    with pytest.raises(SpecError, match="ArraysCache"):
+        rollback(cache, 1, slack=4)

@@ -1,0 +1,104 @@
+"""The real `mlx-spec` command in a subprocess: output, statistics and one-line errors."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from helpers import PROMPT, plain_greedy
+
+import mlx_spec
+
+
+def run_cli(*args, env=None, stdin=None):
+    return subprocess.run([sys.executable, "-m", "mlx_spec.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, input=stdin, timeout=300)
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("mlx-spec: error:")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_generate_json_is_the_target_greedy_output(tiny):
+    proc = run_cli("generate", "--model", str(tiny["gemma3"]), "--draft-model", str(tiny["gemma3-draft"]),
+                   "--prompt", PROMPT, "--raw", "--max-tokens", "50", "--repetition-penalty", "1.3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    engine = mlx_spec.load(str(tiny["gemma3"]), drafter="off")
+    assert out["tokens"] == plain_greedy(tiny["gemma3"], engine.encode(PROMPT), 50, 1.3)
+    assert out["text"] == engine.tokenizer.decode(out["tokens"])
+    assert out["stats"]["drafter"] == "draft-model" and out["stats"]["drafted"] > 0
+    assert 0 <= out["stats"]["acceptance_rate"] <= 1 and out["stop_reason"] == "max_tokens"
+
+
+def test_generate_streams_text_and_a_summary(tiny):
+    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--drafter", "ngram", "--prompt", PROMPT,
+                   "--max-tokens", "30", "--temp", "0.8", "--top-p", "0.9", "--seed", "3")
+    assert proc.returncode == 0, proc.stderr
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="ngram")
+    prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
+    expected = mlx_spec.generate(engine, prompt, max_tokens=30, temperature=0.8, top_p=0.9, seed=3)
+    assert proc.stdout == expected.text + "\n"
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert summary.startswith("[max_tokens] 30 tokens") and "ngram: acceptance" in summary and "tok/s" in summary
+
+
+def test_default_model_runs_offline_and_says_so(tmp_path):
+    proc = run_cli("generate", "--prompt", "def add(a, b):", "--max-tokens", "8",
+                   env={"MLX_SPEC_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "built-in tiny demo model" in proc.stderr and "draft-model" in proc.stderr
+    assert (tmp_path / "tiny-demo" / "target" / "model.safetensors").exists()
+
+
+def test_stop_string_ends_generation(tiny):
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="ngram")
+    full = mlx_spec.generate(engine, PROMPT, max_tokens=40).text
+    stop = full[10:13]
+    result = mlx_spec.generate(engine, PROMPT, max_tokens=40, stop=[stop])
+    assert result.stop_reason == "stop_string" and result.text == full[: full.index(stop)]
+    streamed = "".join(e.text for e in mlx_spec.stream(engine, PROMPT, max_tokens=40, stop=[stop])
+                       if isinstance(e, mlx_spec.Token))
+    assert streamed == result.text
+
+
+def test_eos_ends_generation(tiny):
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="ngram")
+    tokens = mlx_spec.generate(engine, PROMPT, max_tokens=20).tokens
+    engine.tokenizer.eos_token_ids = [tokens[7]]  # the 8th generated token now ends the sequence
+    result = mlx_spec.generate(engine, PROMPT, max_tokens=20)
+    assert result.stop_reason == "eos" and result.tokens == tokens[: tokens.index(tokens[7]) + 1]
+
+
+@pytest.fixture
+def corrupt_model(tiny, tmp_path):
+    path = shutil.copytree(tiny["qwen3"], tmp_path / "corrupt")
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(b"\x13\x00garbage" + data[200:5000])
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing", "not-a-model", "corrupt", "other-vocab", "temp", "top-p",
+                                  "empty-prompt", "unknown-name", "num-draft", "max-tokens"])
+def test_bad_input_is_a_one_line_error(tiny, tmp_path, corrupt_model, case):
+    model = ["--model", str(tiny["qwen3"])]
+    args, fragments = {
+        "missing": (["--model", str(tmp_path / "nope")], ["unknown model"]),
+        "not-a-model": (["--model", str(tmp_path)], ["no config.json"]),
+        "corrupt": (["--model", str(corrupt_model)], ["corrupt", "re-download"]),
+        "other-vocab": (model + ["--draft-model", str(tiny["other-vocab"])], ["vocabulary", "same model family"]),
+        "temp": (model + ["--temp", "-1"], ["temperature"]),
+        "top-p": (model + ["--top-p", "0"], ["top_p"]),
+        "empty-prompt": (model, ["prompt is empty"]),
+        "unknown-name": (["--model", "no-such-model"], ["unknown model", "models.toml"]),
+        "num-draft": (model + ["--num-draft", "99"], ["draft length"]),
+        "max-tokens": (model + ["--max-tokens", "0"], ["max_tokens"]),
+    }[case]
+    prompt = "" if case == "empty-prompt" else "hello"
+    assert_one_line_error(run_cli("generate", *args, "--prompt", prompt), *fragments)

@@ -1,0 +1,97 @@
+"""Greedy output equals plain decoding of the same model, for every drafter and every cache type."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import PROMPT, CorruptedOracleDrafter, plain_greedy
+
+import mlx_spec
+from mlx_spec.engine import Engine
+from mlx_spec.target import Target
+
+FAMILIES = ["qwen3", "llama", "gemma3"]
+MAX_TOKENS = 160  # ten times the Gemma sliding window (16)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("drafter", ["off", "ngram", "draft-model"])
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_greedy_equals_plain_decoding(tiny, family, drafter, penalty):
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), drafter=drafter)
+    ids = engine.encode(PROMPT)
+    result = mlx_spec.generate(engine, ids, max_tokens=MAX_TOKENS, repetition_penalty=penalty)
+    assert result.tokens == plain_greedy(tiny[family], ids, MAX_TOKENS, penalty)
+    assert result.stop_reason == "max_tokens"
+    if drafter == "draft-model":
+        assert 0 < result.stats.drafted and result.stats.accepted < result.stats.drafted  # rollback ran
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_acceptance_length_rolls_back_exactly(tiny, family):
+    """One wrong draft at a random position each round: every accepted count 0..k occurs, far past the window."""
+    reference_engine = mlx_spec.load(str(tiny[family]), drafter="off")
+    ids = reference_engine.encode(PROMPT)
+    reference = plain_greedy(tiny[family], ids, MAX_TOKENS, 1.3)
+    vocab = reference_engine.target.model.args.vocab_size
+    engine = Engine(Target(reference_engine.target.model), reference_engine.tokenizer,
+                    CorruptedOracleDrafter(reference, len(ids), vocab), draft_len=5)
+    events = list(mlx_spec.stream(engine, ids, max_tokens=MAX_TOKENS, repetition_penalty=1.3))
+    assert events[-1].tokens == reference
+    accepted_counts = {e.accepted for e in events if isinstance(e, mlx_spec.Round) and e.draft_len == 5}
+    assert accepted_counts == {0, 1, 2, 3, 4, 5}
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("drafter", ["draft-model", "oracle"])
+def test_quantized_kv_cache(tiny, family, drafter):
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), kv_bits=8, kv_group_size=32)
+    assert type(engine.target.cache[0]).__name__ == "QuantizedKVCache"
+    assert type(engine.drafter.runner.cache[0]).__name__ == "QuantizedKVCache"
+    ids = engine.encode(PROMPT)
+    reference = plain_greedy(tiny[family], ids, 100, 1.3, kv_bits=8)
+    if drafter == "oracle":
+        engine.drafter = CorruptedOracleDrafter(reference, len(ids), engine.target.model.args.vocab_size)
+    result = mlx_spec.generate(engine, ids, max_tokens=100, repetition_penalty=1.3)
+    assert result.tokens == reference
+    assert result.stats.accepted < result.stats.drafted
+
+
+def test_draft_equal_to_target_accepts_everything_greedy(tiny):
+    engine = mlx_spec.load(str(tiny["gemma3"]), draft_model=str(tiny["gemma3"]), draft_len=4)
+    ids = engine.encode(PROMPT)
+    result = mlx_spec.generate(engine, ids, max_tokens=60, repetition_penalty=1.3)
+    assert result.stats.acceptance_rate == 1.0
+    assert result.stats.mean_acceptance_length == pytest.approx(5.0, abs=0.2)
+    assert result.tokens == plain_greedy(tiny["gemma3"], ids, 60, 1.3)
+    assert sum(result.from_draft) == result.stats.accepted
+
+
+def test_second_generation_reuses_nothing_stale(tiny):
+    engine = mlx_spec.load(str(tiny["gemma3"]), draft_model=str(tiny["gemma3-draft"]))
+    first = mlx_spec.generate(engine, PROMPT, max_tokens=40).tokens
+    mlx_spec.generate(engine, "class A:\n    pass\n", max_tokens=50)
+    assert mlx_spec.generate(engine, PROMPT, max_tokens=40).tokens == first
+
+
+def test_draft_with_a_padded_vocabulary(tiny, tmp_path):
+    """Published drafts often pad their embedding to a round size; the extra rows must never be drafted."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    padded = shutil.copytree(tiny["qwen3-draft"], tmp_path / "padded")
+    weights = load_file(str(padded / "model.safetensors"))
+    embed = weights["model.embed_tokens.weight"]
+    weights["model.embed_tokens.weight"] = np.concatenate([embed, embed[:64] * 3])  # rows the draft would like
+    save_file(weights, str(padded / "model.safetensors"))
+    config = json.loads((padded / "config.json").read_text())
+    config["vocab_size"] = embed.shape[0] + 64
+    (padded / "config.json").write_text(json.dumps(config))
+
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(padded))
+    ids = engine.encode(PROMPT)
+    result = mlx_spec.generate(engine, ids, max_tokens=80, temperature=0.0)
+    assert result.tokens == plain_greedy(tiny["qwen3"], ids, 80)
+    sampled = mlx_spec.generate(engine, ids, max_tokens=80, temperature=1.5)
+    assert max(sampled.tokens) < embed.shape[0] and sampled.stats.drafted > 0

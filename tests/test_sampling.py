@@ -1,0 +1,108 @@
+"""Processed distributions against an independent NumPy computation, penalties, and sampled sequences."""
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import PROMPT
+from mlx_lm.utils import load
+from scipy.stats import chisquare
+
+import mlx_spec
+from mlx_spec.errors import SpecError
+from mlx_spec.sampling import SamplingParams, distributions
+
+
+def numpy_distribution(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
+    """Temperature, then top-k, then top-p over what top-k kept, then min-p (the transformers order)."""
+    probs = np.exp((logits - logits.max()) / temperature)
+    probs /= probs.sum()
+    order = np.argsort(-probs)
+    if top_k:
+        probs[order[top_k:]] = 0
+        probs /= probs.sum()
+    if top_p < 1.0:
+        cumulative = np.cumsum(probs[order])
+        probs[order[np.searchsorted(cumulative, top_p) + 1:]] = 0
+    if min_p:
+        probs[probs < min_p * probs.max()] = 0
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p",
+                         [(1.0, 0, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.3, 0, 0.8, 0.0), (1.0, 0, 1.0, 0.1),
+                          (0.9, 10, 0.9, 0.05)])
+def test_processed_distribution_matches_numpy(temperature, top_k, top_p, min_p):
+    logits = np.random.default_rng(1).standard_normal((3, 40)).astype(np.float32) * 2
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    ours = np.array(distributions(mx.array(logits), params, []))
+    for row, logit_row in zip(ours, logits):
+        np.testing.assert_allclose(row, numpy_distribution(logit_row, temperature, top_k, top_p, min_p), atol=1e-6)
+
+
+def test_penalties_see_history_and_preceding_drafts():
+    logits = mx.zeros((3, 10)) + 1.0
+    params = SamplingParams(temperature=1.0, repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    probs = np.array(distributions(logits, params, history=[4, 4], drafts=mx.array([7, 8])))
+    # row 0 sees only the history; row 1 also the first draft; row 2 both drafts
+    assert probs[0, 4] < probs[0, 7] == pytest.approx(probs[0, 8])
+    assert probs[1, 7] < probs[1, 8] and probs[2, 8] == pytest.approx(probs[2, 7])
+    # token 4: seen twice -> 1/2 (repetition), -0.5 (presence), -0.5 (frequency)
+    expected = np.exp(1.0 / 2 - 0.5 - 0.5) / np.exp(1.0)
+    assert probs[0, 4] / probs[0, 0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_penalty_window_forgets_old_tokens():
+    logits = mx.ones((1, 10))
+    params = SamplingParams(temperature=1.0, presence_penalty=1.0, penalty_window=2)
+    probs = np.array(distributions(logits, params, history=[3, 1, 2]))[0]
+    assert probs[3] == pytest.approx(probs[0]) and probs[1] < probs[0]
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2),
+                                 dict(min_p=1.0), dict(repetition_penalty=0), dict(temperature=float("nan"))])
+def test_nonsense_parameters_are_refused(bad):
+    with pytest.raises(SpecError):
+        SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("drafter", ["draft-model", "ngram"])
+def test_sampled_sequences_follow_the_target(tiny, drafter):
+    """Three sampled tokens (T=1, top-k 2): the 8 possible sequences appear as often as the target alone
+    would produce them, computed exactly from full-prefix forwards."""
+    horizon, top_k, samples = 3, 2, 1200
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-noisy"]), drafter=drafter, draft_len=2)
+    # a prompt after which the drafter's first proposal is the target's own greedy choice
+    base = engine.encode(PROMPT)
+    greedy = mlx_spec.generate(engine, base, max_tokens=60).tokens
+    for cut in range(60):
+        prompt = base + greedy[:cut]
+        engine.drafter.begin(prompt)
+        if engine.drafter.propose(prompt, 1, SamplingParams(), mx.random.key(0)).tokens.tolist() == [greedy[cut]]:
+            break
+    model, _ = load(str(tiny["qwen3"]))
+
+    def next_distribution(prefix):
+        logits = np.array(model(mx.array([prefix]))[0, -1], dtype=np.float64)
+        return numpy_distribution(logits, 1.0, top_k)
+
+    exact = {}
+    for seq in itertools.product(range(top_k), repeat=horizon):  # walk the top-k tree
+        prefix, prob = list(prompt), 1.0
+        for rank in seq:
+            dist = next_distribution(prefix)
+            token = int(np.argsort(-dist)[rank])
+            prob *= dist[token]
+            prefix.append(token)
+        exact[tuple(prefix[len(prompt):])] = prob
+    observed = dict.fromkeys(exact, 0)
+    drafted = accepted = 0
+    for seed in range(samples):
+        result = mlx_spec.generate(engine, prompt, max_tokens=horizon, temperature=1.0, top_k=top_k, seed=seed)
+        observed[tuple(result.tokens)] += 1  # a KeyError would mean a sequence the target cannot produce
+        drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+    assert 0 < accepted < drafted
+    keys = [k for k in exact if exact[k] > 0]
+    f_exp = np.array([exact[k] for k in keys]) / sum(exact[k] for k in keys) * samples
+    assert chisquare([observed[k] for k in keys], f_exp).pvalue > 1e-3
