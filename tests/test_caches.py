@@ -60,3 +60,22 @@ def test_untrimmable_cache_is_an_error_not_a_no_op():
     cache[0][0] = mx.zeros((1, 3, 8))
     with pytest.raises(SpecError, match="ArraysCache"):
         rollback(cache, 1, slack=4)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_draft_model_cache_holds_exactly_the_accepted_context(tiny, family):
+    """After many rounds with rejections, the draft model's cache equals a fresh prefill of what it claims."""
+    import mlx_spec
+    from helpers import PROMPT
+
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), draft_len=4)
+    ids = engine.encode(PROMPT)
+    result = mlx_spec.generate(engine, ids, max_tokens=120, temperature=1.0, seed=1)
+    drafter = engine.drafter
+    assert 0 < result.stats.accepted < result.stats.drafted
+    context = (ids + result.tokens)[: drafter.cached]
+    assert drafter.runner.offset == drafter.cached > 100
+    fresh = Target(drafter.runner.model)
+    probe = [7]
+    np.testing.assert_allclose(np.array(drafter.runner.forward(probe).logits),
+                               np.array(fresh.forward(context + probe).logits[-1:]), atol=2e-4)
