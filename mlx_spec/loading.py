@@ -67,11 +67,18 @@ def weight_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("model*.safetensors"))
 
 
-def check_memory(path: Path, what: str) -> None:
-    needed, available = weight_bytes(path), psutil.virtual_memory().available
-    if needed > available:
-        raise SpecError(f"not enough memory for the {what} at {path}: its weights need {needed / 2**30:.1f} GiB, "
-                        f"{available / 2**30:.1f} GiB are available; use a smaller or more quantized model")
+def check_memory(target_path: Path, draft_path: Path | None) -> None:
+    """Refuse before loading when the weights cannot fit: the draft competes with the target for memory."""
+    target, available = weight_bytes(target_path), psutil.virtual_memory().available
+    gib = 2**30
+    if target > available:
+        raise SpecError(f"not enough memory for the target model at {target_path}: its weights need "
+                        f"{target / gib:.1f} GiB, {available / gib:.1f} GiB are available; "
+                        "use a smaller or more quantized model")
+    if draft_path and target + (draft := weight_bytes(draft_path)) > available:
+        raise SpecError(f"not enough memory for the draft model at {draft_path}: target {target / gib:.1f} GiB "
+                        f"+ draft {draft / gib:.1f} GiB > {available / gib:.1f} GiB available; use "
+                        "--drafter ngram (no extra memory) or a smaller draft")
 
 
 def load_checkpoint(path: Path, what: str):
@@ -86,7 +93,6 @@ def load_checkpoint(path: Path, what: str):
         raise SpecError(f"{path / 'config.json'} is not valid JSON ({e}): re-download the checkpoint") from None
     if not weight_bytes(path):
         raise SpecError(f"{path} holds no model*.safetensors weights: re-download or re-convert the checkpoint")
-    check_memory(path, what)
     try:
         model, config = load_model(path)
     except Exception as e:
@@ -143,6 +149,8 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     if draft_len is None:
         draft_len = entry.get("draft_len", 4 if drafter == "draft-model" else 3)
 
+    draft_path = resolve(draft_model) if drafter == "draft-model" else None
+    check_memory(target_path, draft_path)
     target_model, tokenizer, target_cfg = load_checkpoint(target_path, "target model")
     target = Target(target_model, kv_bits, kv_group_size)
     if drafter != "off" and (problem := target.rollback_problem()):
@@ -152,7 +160,6 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     if drafter == "ngram":
         chosen = NgramDrafter()
     elif drafter == "draft-model":
-        draft_path = resolve(draft_model)
         draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
         if why := vocab_mismatch(tokenizer, target_cfg, draft_tok, draft_cfg):
             raise SpecError(f"draft model {draft_path} does not share the target's vocabulary: {why}; "

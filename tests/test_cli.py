@@ -85,7 +85,7 @@ def corrupt_model(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing", "not-a-model", "corrupt", "other-vocab", "temp", "top-p",
-                                  "empty-prompt", "unknown-name", "num-draft", "max-tokens"])
+                                  "empty-prompt", "unknown-name", "num-draft", "max-tokens", "hub-offline"])
 def test_bad_input_is_a_one_line_error(tiny, tmp_path, corrupt_model, case):
     model = ["--model", str(tiny["qwen3"])]
     args, fragments = {
@@ -99,6 +99,24 @@ def test_bad_input_is_a_one_line_error(tiny, tmp_path, corrupt_model, case):
         "unknown-name": (["--model", "no-such-model"], ["unknown model", "models.toml"]),
         "num-draft": (model + ["--num-draft", "99"], ["draft length"]),
         "max-tokens": (model + ["--max-tokens", "0"], ["max_tokens"]),
+        "hub-offline": (["--model", "no-such-org/no-such-model"], ["could not fetch", "local directory"]),
     }[case]
     prompt = "" if case == "empty-prompt" else "hello"
-    assert_one_line_error(run_cli("generate", *args, "--prompt", prompt), *fragments)
+    proc = run_cli("generate", *args, "--prompt", prompt, env={"HF_HUB_OFFLINE": "1"})
+    assert_one_line_error(proc, *fragments)
+
+
+def test_not_enough_memory_for_the_draft_is_refused(tiny, monkeypatch):
+    import psutil
+
+    from mlx_spec.errors import SpecError
+
+    target_bytes = (tiny["qwen3"] / "model.safetensors").stat().st_size
+    real = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=target_bytes + 1))
+    with pytest.raises(SpecError, match="not enough memory for the draft model.*--drafter ngram"):
+        mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-draft"]))
+    assert mlx_spec.load(str(tiny["qwen3"]), drafter="ngram").drafter.name == "ngram"  # the target alone fits
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=target_bytes - 1))
+    with pytest.raises(SpecError, match="not enough memory for the target model"):
+        mlx_spec.load(str(tiny["qwen3"]), drafter="off")

@@ -1,6 +1,5 @@
 """Greedy output equals plain decoding of the same model, for every drafter and every cache type."""
 
-import mlx.core as mx
 import numpy as np
 import pytest
 from helpers import PROMPT, CorruptedOracleDrafter, plain_greedy
