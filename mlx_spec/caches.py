@@ -9,21 +9,63 @@ the models pass `window_size` to the mask), so the last `slack` positions can al
 
 from __future__ import annotations
 
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from .errors import SpecError
 
-ROLLBACK_TYPES = (KVCache, QuantizedKVCache, RotatingKVCache)
+
+class RecurrentCache(ArraysCache):
+    """A Gated DeltaNet cache ([0] conv window, [1] recurrent state) that can be rolled back.
+
+    While `capture` is on it keeps (conv window, state) after every position processed since the last
+    `release`: single-token steps through mlx-lm's own layer are recorded as the layer stores its state, and a
+    capturing layer records every position of a multi-token forward. Rolling back n positions restores the
+    n-th most recent entry; nothing is recomputed."""
+
+    def __init__(self, size: int = 2):
+        super().__init__(size)
+        self.capture = False
+        self.saved = [(None, None)]  # saved[0]: the state at the last release
+
+    def __setitem__(self, idx, value):
+        super().__setitem__(idx, value)
+        if idx == 1 and self.capture:  # a single-token step has finished
+            self.saved.append((self.cache[0], value))
+
+    def record(self, conv_input: mx.array, states: list[mx.array]) -> None:
+        """Store a multi-token forward: conv inputs (B, K-1+S, C) and the state after each of its S positions."""
+        width = conv_input.shape[1] - len(states)
+        self.saved += [(conv_input[:, j + 1:j + 1 + width, :], state) for j, state in enumerate(states)]
+        self.cache[0], self.cache[1] = self.saved[-1]
+
+    def rollback(self, n: int) -> None:
+        if n >= len(self.saved):
+            raise SpecError(f"cannot roll back {n} positions of a recurrent state that kept {len(self.saved) - 1}")
+        self.cache[0], self.cache[1] = self.saved[-1 - n]
+        self.release()
+
+    def release(self) -> None:
+        """Forget the kept states; the current one becomes the point to roll back to."""
+        self.saved = [(self.cache[0], self.cache[1])]
 
 
-def make_caches(model, slack: int, kv_bits: int | None = None, kv_group_size: int = 64) -> list:
-    """The model's own cache layout, with room to roll back `slack` positions; `kv_bits` quantizes full KV."""
+ROLLBACK_TYPES = (KVCache, QuantizedKVCache, RotatingKVCache, RecurrentCache)
+
+
+def make_caches(model, slack: int, kv_bits: int | None = None, kv_group_size: int = 64,
+                recurrent: bool = False) -> list:
+    """The model's own cache layout, with room to roll back `slack` positions; `kv_bits` quantizes full KV;
+    `recurrent`: the model's recurrent layers capture per-position states (see models/), so their caches
+    become RecurrentCaches."""
     caches = []
     for cache in make_prompt_cache(model):
         if type(cache) is RotatingKVCache:
             cache = RotatingKVCache(max_size=cache.max_size + slack, keep=cache.keep)
         elif type(cache) is KVCache and kv_bits:
             cache = cache.to_quantized(group_size=kv_group_size, bits=kv_bits)
+        elif type(cache) is ArraysCache and recurrent:
+            cache = RecurrentCache(len(cache.cache))
         caches.append(cache)
     return caches
 
@@ -37,13 +79,15 @@ def unsupported_cache(caches: list) -> str | None:
 
 
 def rollback(caches: list, n: int, slack: int) -> None:
-    """Remove the last `n` positions from every layer's cache, exactly."""
-    if n == 0:
-        return
+    """Remove the last `n` positions from every layer's cache, exactly (n = 0 releases captured states)."""
     if n > slack:
         raise SpecError(f"cannot roll back {n} positions, at most {slack}: lower the draft length")
     for cache in caches:
-        if isinstance(cache, RotatingKVCache):
+        if isinstance(cache, RecurrentCache):
+            cache.rollback(n)
+        elif n == 0:
+            continue
+        elif isinstance(cache, RotatingKVCache):
             _rollback_rotating(cache, n)
         elif isinstance(cache, (KVCache, QuantizedKVCache)):
             if cache.trim(n) != n:

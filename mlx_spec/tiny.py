@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sysconfig
 from pathlib import Path
 
@@ -111,9 +112,116 @@ def family_config(family: str, vocab: int, hidden: int, layers: int, sliding_win
             tie_word_embeddings=True,
         )
         del cfg["hidden_act"]
+    elif family == "qwen3_5":
+        return qwen3_5_config(vocab, hidden, layers)
     else:
-        raise ValueError(f"unknown family {family!r}: choose qwen3, llama or gemma3")
+        raise ValueError(f"unknown family {family!r}: choose qwen3, llama, gemma3 or qwen3_5")
     return cfg
+
+
+def qwen3_5_config(vocab: int, hidden: int, layers: int) -> dict:
+    """Qwen3_5ForConditionalGeneration: hybrid Gated DeltaNet / gated attention text model with one MTP layer,
+    its keys nested in `text_config` as in the published checkpoints."""
+    text = {
+        "model_type": "qwen3_5_text",
+        "hidden_size": hidden,
+        "intermediate_size": hidden * 2,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4,
+        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab,
+        "max_position_embeddings": 4096,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "eos_token_id": 0,
+        "dtype": "float32",
+    }
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 32, "out_hidden_size": hidden},
+        "tie_word_embeddings": False,
+        "eos_token_id": 0,
+        "torch_dtype": "float32",
+    }
+
+
+def qwen3_5_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """HF names of the text model (`model.language_model.*`), `lm_head` and the MTP layer (`mtp.*`)."""
+    t = cfg["text_config"]
+    h, v, hd, nq, nkv = t["hidden_size"], t["vocab_size"], t["head_dim"], t["num_attention_heads"], \
+        t["num_key_value_heads"]
+    hk, hv = t["linear_num_key_heads"], t["linear_num_value_heads"]
+    dk, dv, kernel = t["linear_key_head_dim"], t["linear_value_head_dim"], t["linear_conv_kernel_dim"]
+    conv_dim = 2 * hk * dk + hv * dv
+
+    def attention(p):
+        return {p + "self_attn.q_proj.weight": (2 * nq * hd, h), p + "self_attn.k_proj.weight": (nkv * hd, h),
+                p + "self_attn.v_proj.weight": (nkv * hd, h), p + "self_attn.o_proj.weight": (h, nq * hd),
+                p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+
+    def mlp_and_norms(p):
+        i = t["intermediate_size"]
+        return {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i), p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,)}
+
+    shapes = {"model.language_model.embed_tokens.weight": (v, h), "model.language_model.norm.weight": (h,),
+              "lm_head.weight": (v, h)}
+    for i, kind in enumerate(t["layer_types"]):
+        p = f"model.language_model.layers.{i}."
+        shapes.update(mlp_and_norms(p))
+        if kind == "full_attention":
+            shapes.update(attention(p))
+        else:
+            shapes.update({p + "linear_attn.in_proj_qkv.weight": (conv_dim, h),
+                           p + "linear_attn.in_proj_z.weight": (hv * dv, h),
+                           p + "linear_attn.in_proj_b.weight": (hv, h), p + "linear_attn.in_proj_a.weight": (hv, h),
+                           p + "linear_attn.conv1d.weight": (conv_dim, 1, kernel),
+                           p + "linear_attn.dt_bias": (hv,), p + "linear_attn.A_log": (hv,),
+                           p + "linear_attn.norm.weight": (dv,), p + "linear_attn.out_proj.weight": (h, hv * dv)})
+    shapes.update({"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+                   "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)})
+    shapes.update(attention("mtp.layers.0."))
+    shapes.update(mlp_and_norms("mtp.layers.0."))
+    return shapes
+
+
+def qwen3_5_weights(shapes: dict, seed: int) -> dict[str, np.ndarray]:
+    """Qwen3.5 conventions: decoder, final and MTP RMSNorms are zero-centred (effective 1 + w); the gated
+    GDN output norm is not; A_log = log(A) with A in [1, 16]."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in shapes.items():
+        if name.endswith("A_log"):
+            w = np.log(rng.uniform(1, 16, shape))
+        elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
+            w = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            w = 0.1 * rng.standard_normal(shape)
+        elif name.endswith("conv1d.weight"):
+            w = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        elif "embed_tokens" in name or "lm_head" in name:
+            w = 0.5 * rng.standard_normal(shape)
+        else:
+            w = 2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])
+        weights[name] = w.astype(np.float32)
+    return weights
 
 
 def family_shapes(family: str, cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -191,7 +299,10 @@ def build_checkpoint(
     tokenizer_dir = Path(tokenizer_dir)
     vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
     cfg = family_config(family, len(vocab), hidden, layers, sliding_window)
-    weights = random_weights(family, family_shapes(family, cfg), seed)
+    if family == "qwen3_5":
+        weights = qwen3_5_weights(qwen3_5_shapes(cfg), seed)
+    else:
+        weights = random_weights(family, family_shapes(family, cfg), seed)
     return write_checkpoint(Path(out_dir), cfg, weights, tokenizer_dir)
 
 
@@ -209,12 +320,14 @@ def build_layer_skip_draft(out_dir: str | Path, target_dir: str | Path, keep_lay
     rng = np.random.default_rng(seed)
     weights = {}
     for name, w in load_file(str(target_dir / "model.safetensors")).items():
-        if name.startswith("model.layers.") and int(name.split(".")[2]) >= keep_layers:
+        layer = re.match(r"model\.(?:language_model\.)?layers\.(\d+)\.", name)
+        if layer and int(layer.group(1)) >= keep_layers:
             continue
         weights[name] = (w + noise * rng.standard_normal(w.shape) * w.std()).astype(np.float32)
-    cfg["num_hidden_layers"] = keep_layers
-    if "layer_types" in cfg:
-        cfg["layer_types"] = cfg["layer_types"][:keep_layers]
+    text = cfg.get("text_config", cfg)
+    text["num_hidden_layers"] = keep_layers
+    if "layer_types" in text:
+        text["layer_types"] = text["layer_types"][:keep_layers]
     return write_checkpoint(Path(out_dir), cfg, weights, target_dir)
 
 
@@ -228,10 +341,12 @@ def build_suite(root: str | Path) -> dict[str, Path]:
         "llama": build_checkpoint(root / "llama", "llama", tok, layers=3, seed=2),
         "gemma3": build_checkpoint(root / "gemma3", "gemma3", tok, layers=6, sliding_window=16, seed=3),
         "other-vocab": build_checkpoint(root / "other-vocab", "qwen3", other_tok, layers=1, seed=4),
+        "qwen3_5": build_checkpoint(root / "qwen3_5", "qwen3_5", tok, layers=8, seed=5),
     }
     paths["qwen3-draft"] = build_layer_skip_draft(root / "qwen3-draft", paths["qwen3"], keep_layers=2)
     paths["llama-draft"] = build_layer_skip_draft(root / "llama-draft", paths["llama"], keep_layers=1)
     paths["gemma3-draft"] = build_layer_skip_draft(root / "gemma3-draft", paths["gemma3"], keep_layers=3)
+    paths["qwen3_5-draft"] = build_layer_skip_draft(root / "qwen3_5-draft", paths["qwen3_5"], keep_layers=4)
     # all layers, perturbed: close to the target but not equal, for sampled-distribution tests
     paths["qwen3-noisy"] = build_layer_skip_draft(root / "qwen3-noisy", paths["qwen3"], keep_layers=4, noise=0.2)
     return paths

@@ -13,7 +13,7 @@ from mlx_spec.errors import SpecError
 from mlx_spec.target import MAX_DRAFT_LEN, Target
 
 
-@pytest.mark.parametrize("family,kv_bits", [("gemma3", None), ("qwen3", None), ("llama", 8)])
+@pytest.mark.parametrize("family,kv_bits", [("gemma3", None), ("qwen3", None), ("llama", 8), ("qwen3_5", None)])
 def test_random_forward_and_rollback_match_a_fresh_forward(tiny, family, kv_bits):
     model, _ = load(str(tiny[family]))
     target = Target(model, kv_bits=kv_bits, kv_group_size=32)
@@ -62,7 +62,7 @@ def test_untrimmable_cache_is_an_error_not_a_no_op():
         rollback(cache, 1, slack=4)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llama"])
+@pytest.mark.parametrize("family", ["gemma3", "llama", "qwen3_5"])
 def test_draft_model_cache_holds_exactly_the_accepted_context(tiny, family):
     """After many rounds with rejections, the draft model's cache equals a fresh prefill of what it claims."""
     import mlx_spec

@@ -8,7 +8,7 @@ import mlx_spec
 from mlx_spec.engine import Engine
 from mlx_spec.target import Target
 
-FAMILIES = ["qwen3", "llama", "gemma3"]
+FAMILIES = ["qwen3", "llama", "gemma3", "qwen3_5"]  # qwen3_5: hybrid Gated DeltaNet + attention
 MAX_TOKENS = 160  # ten times the Gemma sliding window (16)
 
 
@@ -31,7 +31,7 @@ def test_every_acceptance_length_rolls_back_exactly(tiny, family):
     reference_engine = mlx_spec.load(str(tiny[family]), drafter="off")
     ids = reference_engine.encode(PROMPT)
     reference = plain_greedy(tiny[family], ids, MAX_TOKENS, 1.3)
-    vocab = reference_engine.target.model.args.vocab_size
+    vocab = len(reference_engine.tokenizer.get_vocab())
     engine = Engine(Target(reference_engine.target.model), reference_engine.tokenizer,
                     CorruptedOracleDrafter(reference, len(ids), vocab), draft_len=5)
     events = list(mlx_spec.stream(engine, ids, max_tokens=MAX_TOKENS, repetition_penalty=1.3))
@@ -49,7 +49,7 @@ def test_quantized_kv_cache(tiny, family, drafter):
     ids = engine.encode(PROMPT)
     reference = plain_greedy(tiny[family], ids, 100, 1.3, kv_bits=8)
     if drafter == "oracle":
-        engine.drafter = CorruptedOracleDrafter(reference, len(ids), engine.target.model.args.vocab_size)
+        engine.drafter = CorruptedOracleDrafter(reference, len(ids), len(engine.tokenizer.get_vocab()))
     result = mlx_spec.generate(engine, ids, max_tokens=100, repetition_penalty=1.3)
     assert result.tokens == reference
     assert result.stats.accepted < result.stats.drafted
