@@ -12,9 +12,11 @@ from .errors import SpecError
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model directory, models.toml name or hub id (default: built-in demo)")
     parser.add_argument("--draft-model", help="a smaller model of the same vocabulary to draft with")
-    parser.add_argument("--drafter", choices=["draft-model", "ngram", "off"],
-                        help="how to draft (default: draft-model when one is known, else ngram)")
-    parser.add_argument("--num-draft", type=int, help="tokens drafted per round (default: from models.toml, or 4/3)")
+    parser.add_argument("--drafter", choices=["mtp", "draft-model", "ngram", "off"],
+                        help="how to draft (default: the draft model when one is known, else the checkpoint's "
+                             "MTP layer when it has one, else ngram)")
+    parser.add_argument("--num-draft", type=int,
+                        help="tokens drafted per round (default: from models.toml, else mtp 2, draft-model 4, ngram 3)")
     parser.add_argument("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
     parser.add_argument("--kv-group-size", type=int, default=64)
 

@@ -18,7 +18,7 @@ from .errors import SpecError
 from .policy import FixedDraftLength
 from .sampling import SamplingParams
 from .stats import Stats
-from .target import MAX_DRAFT_LEN, Step, Target
+from .target import MAX_DRAFT_LEN, Target
 from .verify import verify_draft
 
 
@@ -110,9 +110,9 @@ class Engine:
         mx.reset_peak_memory()
         start = time.perf_counter()
         self.target.reset()
-        self.target.prefill(context[:-1])
+        prompt_step = self.target.prefill(context[:-1])
         if self.drafter:
-            self.drafter.begin(context)
+            self.drafter.begin(context, prompt_step)
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
 
@@ -159,7 +159,7 @@ class Engine:
         self.target.rollback(draft_len - accepted)
         new_tokens = draft.tokens[:accepted].tolist() + [next_token.item()]
         if self.drafter:
-            self.drafter.accept(context + new_tokens, accepted, Step(step.logits[: accepted + 1]))
+            self.drafter.accept(context + new_tokens, accepted, step.first(accepted + 1))
         return draft_len, accepted, new_tokens
 
     def generate(self, prompt: str | list[int], params: SamplingParams = SamplingParams(), max_tokens: int = 256,

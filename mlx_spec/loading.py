@@ -13,14 +13,17 @@ import psutil
 
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.ngram import NgramDrafter
+from .drafters.qwen_mtp import MTPDrafter
 from .engine import Engine
 from .errors import SpecError
+from .models.qwen3_5 import declared_mtp_layers, load_mtp, text_model
 from .target import Target
 
 REGISTRY = Path(__file__).with_name("models.toml")
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
 VOCAB_PADDING_TOLERANCE = 128
-DRAFTERS = ("draft-model", "ngram", "off")
+DRAFTERS = ("mtp", "draft-model", "ngram", "off")
+DEFAULT_DRAFT_LEN = {"mtp": 2, "draft-model": 4, "ngram": 3}
 
 
 def registry() -> dict:
@@ -81,16 +84,20 @@ def check_memory(target_path: Path, draft_path: Path | None) -> None:
                         "--drafter ngram (no extra memory) or a smaller draft")
 
 
+def read_config(path: Path) -> dict:
+    if not (path / "config.json").exists():
+        raise SpecError(f"{path} has no config.json: point --model at a Hugging Face or MLX checkpoint directory")
+    try:
+        return json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{path / 'config.json'} is not valid JSON ({e}): re-download the checkpoint") from None
+
+
 def load_checkpoint(path: Path, what: str):
     """(model, tokenizer, config) from a checkpoint directory, with one-line errors for broken ones."""
     from mlx_lm.utils import load_model, load_tokenizer
 
-    if not (path / "config.json").exists():
-        raise SpecError(f"{path} has no config.json: point --model at a Hugging Face or MLX checkpoint directory")
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise SpecError(f"{path / 'config.json'} is not valid JSON ({e}): re-download the checkpoint") from None
+    read_config(path)
     if not weight_bytes(path):
         raise SpecError(f"{path} holds no model*.safetensors weights: re-download or re-convert the checkpoint")
     try:
@@ -131,8 +138,9 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     """Load a target and a drafter into an Engine.
 
     model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
-    drafter: "draft-model" (needs draft_model, or a models.toml entry that names one), "ngram" or "off";
-    default: "draft-model" when a draft model is known, else "ngram".
+    drafter: "mtp" (the checkpoint's own multi-token prediction layer), "draft-model" (needs draft_model, or a
+    models.toml entry that names one), "ngram" or "off"; default: the draft model when one is known, else the
+    MTP layer when the checkpoint declares one, else "ngram".
     """
     entry = registry().get(model, {}) if model else {}
     if model is None:
@@ -141,24 +149,33 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     else:
         target_path = resolve(model)
     draft_model = draft_model or entry.get("draft_model")
-    drafter = drafter or ("draft-model" if draft_model else "ngram")
+    declares_mtp = declared_mtp_layers(read_config(target_path)) > 0
+    drafter = drafter or ("draft-model" if draft_model else "mtp" if declares_mtp else "ngram")
     if drafter not in DRAFTERS:
         raise SpecError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
     if drafter == "draft-model" and not draft_model:
         raise SpecError("--drafter draft-model needs --draft-model PATH_OR_REPO")
+    if drafter == "mtp" and not declares_mtp:
+        raise SpecError(f"{target_path} declares no MTP layer (mtp_num_hidden_layers): use --drafter ngram "
+                        "or --draft-model")
     if draft_len is None:
-        draft_len = entry.get("draft_len", 4 if drafter == "draft-model" else 3)
+        draft_len = entry.get("draft_len", DEFAULT_DRAFT_LEN.get(drafter, 0))
 
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
     check_memory(target_path, draft_path)
     target_model, tokenizer, target_cfg = load_checkpoint(target_path, "target model")
-    target = Target(target_model, kv_bits, kv_group_size)
+    target = Target(target_model, kv_bits, kv_group_size, hidden="post" if drafter == "mtp" else None)
     if drafter != "off" and (problem := target.rollback_problem()):
         raise SpecError(f"speculation is not available for {target_path}: {problem}; run with --drafter off")
 
     chosen = None
     if drafter == "ngram":
         chosen = NgramDrafter()
+    elif drafter == "mtp":
+        if text_model(target_model) is None:
+            raise SpecError(f"MTP drafting supports Qwen3.5 / 3.6 checkpoints; {target_path} is "
+                            f"{target_cfg.get('model_type')!r}: use --drafter ngram or --draft-model")
+        chosen = MTPDrafter(load_mtp(target_path, target_model), target_model)
     elif drafter == "draft-model":
         draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
         if why := vocab_mismatch(tokenizer, target_cfg, draft_tok, draft_cfg):

@@ -17,16 +17,37 @@ PREFILL_CHUNK = 512
 class Step:
     """What one forward pass over consecutive positions produced."""
 
-    logits: mx.array  # (n, V): row j scores the token after input j
+    logits: mx.array | None  # (n, V): row j scores the token after input j (None after a prefill)
+    hidden: mx.array | None = None  # (n, H): the final hidden state at each input, when a drafter needs it
+
+    def first(self, n: int) -> "Step":
+        return Step(None if self.logits is None else self.logits[:n], None if self.hidden is None else self.hidden[:n])
+
+
+def _tapped_norm_call(self, x):
+    out = type(self).__bases__[0].__call__(self, x)
+    object.__setattr__(self, "tapped", (x, out))  # a plain attribute: nn.Module would make arrays parameters
+    return out
+
+
+def tap_final_norm(model):
+    """Make the model's final norm remember its input and output (the pre- and post-norm hidden states)."""
+    norm = model.model.norm
+    if not hasattr(type(norm), "tapped"):
+        norm.__class__ = type(f"Tapped{type(norm).__name__}", (type(norm),),
+                              {"__call__": _tapped_norm_call, "tapped": None})
+    return norm
 
 
 class Target:
     """`forward` appends positions to the cache; `rollback(n)` removes the last n, whatever the cache types."""
 
-    def __init__(self, model, kv_bits: int | None = None, kv_group_size: int = 64):
+    def __init__(self, model, kv_bits: int | None = None, kv_group_size: int = 64, hidden: str | None = None):
+        """hidden: "post" or "pre" to return the hidden state after / before the final norm with every Step."""
         self.model = model
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
         self.recurrent = qwen3_5.install(model)
+        self.hidden, self.norm = hidden, tap_final_norm(model) if hidden else None
         self.reset()
 
     def reset(self) -> None:
@@ -43,18 +64,26 @@ class Target:
         """Run `tokens` (list or 1-D array) through the model after the cached positions; lazy."""
         tokens = mx.array(tokens, dtype=mx.int32) if isinstance(tokens, list) else tokens
         self.offset += tokens.shape[0]
-        return Step(self.model(tokens[None], cache=self.cache)[0])
+        logits = self.model(tokens[None], cache=self.cache)[0]
+        if self.norm is None:
+            return Step(logits)
+        pre, post = self.norm.tapped
+        return Step(logits, (post if self.hidden == "post" else pre)[0])
 
-    def prefill(self, tokens: list[int]) -> None:
-        """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback."""
+    def prefill(self, tokens: list[int]) -> Step:
+        """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback.
+        Returns the hidden states of the prompt when they were asked for (no logits)."""
         for cache in self.recurrent_caches:
             cache.capture = False
+        hidden = []
         for start in range(0, len(tokens), PREFILL_CHUNK):
-            self.forward(tokens[start:start + PREFILL_CHUNK])
-            mx.eval([c.state for c in self.cache])
+            step = self.forward(tokens[start:start + PREFILL_CHUNK])
+            mx.eval([c.state for c in self.cache], step.hidden)
+            hidden.append(step.hidden)
         for cache in self.recurrent_caches:
             cache.release()
             cache.capture = True
+        return Step(None, mx.concatenate(hidden) if self.norm is not None and hidden else None)
 
     def rollback(self, n: int) -> None:
         """Remove the last n positions (n may be 0: that releases what was kept for a rollback)."""

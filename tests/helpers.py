@@ -37,7 +37,7 @@ class CorruptedOracleDrafter:
         self.reference, self.prompt_len, self.vocab = reference, prompt_len, vocab
         self.rng = random.Random(seed)
 
-    def begin(self, context):
+    def begin(self, context, prompt_step):
         pass
 
     def propose(self, context, k, params, key):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import mlx.core as mx
 
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, distributions, greedy_tokens, sample
 from ..target import Step
 
 
@@ -27,11 +27,30 @@ class Draft:
 class Drafter(Protocol):
     name: str
 
-    def begin(self, context: list[int]) -> None:
-        """Start a sequence whose tokens so far are `context` (the target has prefilled all but the last)."""
+    def begin(self, context: list[int], prompt_step: Step) -> None:
+        """Start a sequence whose tokens so far are `context`; the target has prefilled all but the last, and
+        `prompt_step.hidden` holds its hidden states there when the drafter asked for them (`wants_hidden`)."""
 
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
         """Up to k tokens continuing `context`, sampled with `params` (may be lazy)."""
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         """The round kept `accepted` drafts; `context` now ends with them and the target's next token."""
+
+
+def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.array], mx.array], k: int,
+                           params: SamplingParams, context: list[int], key: mx.array) -> Draft:
+    """k tokens from a model that drafts one at a time: `first_logits` (1, V) scores the first, and
+    `next_logits(token)` feeds a drafted token and scores the one after it. Lazy: no host synchronisation."""
+    tokens, dists, logits = [], [], first_logits
+    for i, step_key in enumerate(mx.random.split(key, k)):
+        drafted = mx.concatenate(tokens) if tokens else None
+        if params.greedy:  # deterministic draft: q is one-hot, so none is kept
+            tokens.append(greedy_tokens(logits, params, context, drafted, start=i))
+        else:
+            dists.append(distributions(logits, params, context, drafted, start=i))
+            tokens.append(sample(dists[-1], step_key))
+        mx.async_eval(tokens[-1])  # start computing while the next step's graph is built
+        if i < k - 1:
+            logits = next_logits(tokens[-1])
+    return Draft(mx.concatenate(tokens).astype(mx.int32), mx.concatenate(dists) if dists else None)

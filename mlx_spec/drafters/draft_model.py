@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..sampling import SamplingParams, distributions, greedy_tokens, sample
+from ..sampling import SamplingParams
 from ..target import Step, Target
-from . import Draft
+from . import Draft, draft_autoregressively
 
 
 class DraftModelDrafter:
@@ -25,7 +25,7 @@ class DraftModelDrafter:
             return mx.pad(logits, [(0, 0), (0, self.vocab_size - width)], constant_values=-mx.inf)
         return logits
 
-    def begin(self, context: list[int]) -> None:
+    def begin(self, context: list[int], prompt_step: Step) -> None:
         self.runner.reset()
         self.runner.prefill(context[:-1])
         self.cached = len(context) - 1  # context[:cached] is in the draft cache
@@ -35,20 +35,9 @@ class DraftModelDrafter:
         self.proposed_from = len(context)
         if k == 0:
             return Draft.empty()
-        logits = self._logits(context[self.cached:])
-        tokens, dists = [], []
-        for i, step_key in enumerate(mx.random.split(key, k)):
-            drafted = mx.concatenate(tokens) if tokens else None
-            if params.greedy:  # deterministic draft: q is one-hot, so none is kept
-                tokens.append(greedy_tokens(logits, params, context, drafted, start=i))
-            else:
-                dists.append(distributions(logits, params, context, drafted, start=i))
-                tokens.append(sample(dists[-1], step_key))
-            mx.async_eval(tokens[-1])  # start computing while the next step's graph is built
-            if i < k - 1:
-                logits = self._logits(tokens[-1])
+        draft = draft_autoregressively(self._logits(context[self.cached:]), self._logits, k, params, context, key)
         self.cached = len(context) + k - 1  # the last draft was never fed
-        return Draft(mx.concatenate(tokens).astype(mx.int32), mx.concatenate(dists) if dists else None)
+        return draft
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         valid = min(self.cached, self.proposed_from + accepted)

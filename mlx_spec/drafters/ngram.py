@@ -16,7 +16,7 @@ class NgramDrafter:
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def begin(self, context: list[int]) -> None:
+    def begin(self, context: list[int], prompt_step: Step) -> None:
         self.latest: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest occurrence
         self.indexed = 0  # n-grams ending at or before this position are in `latest`
 

@@ -1,4 +1,5 @@
-"""Qwen3.5 / 3.6 hybrid models: Gated DeltaNet layers that keep the state after every verified position.
+"""Qwen3.5 / 3.6 hybrid models: Gated DeltaNet layers that keep the state after every verified position,
+and the built-in MTP layer that mlx-lm drops.
 
 mlx-lm's `GatedDeltaNet` returns only the final recurrent state, so a rejected draft could only be undone by
 replaying the accepted tokens. `CapturingGatedDeltaNet` is the same layer (same weights, same computation:
@@ -13,12 +14,16 @@ kernel (which returns only the final state), which is exact but slower for verif
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3_5
+from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g, normalize_qk
 
 from ..caches import RecurrentCache
+from ..errors import SpecError
 
 
 def recurrence_with_states(q, k, v, a, b, A_log, dt_bias, state):
@@ -70,3 +75,90 @@ def install(model) -> bool:
             layer.linear_attn.__class__ = CapturingGatedDeltaNet
             found = True
     return found
+
+
+class MTP(nn.Module):
+    """Qwen3.5 / 3.6 multi-token prediction layer (`mtp.*`), the reference equations:
+
+        x = fc(concat[pre_fc_norm_embedding(embed(next_token)), pre_fc_norm_hidden(hidden)])
+        x = layers[0](x)        one full-attention decoder layer of the target's kind, with its own KV cache
+        h = norm(x)             scored by the target's lm_head and fed back as the next `hidden`
+    """
+
+    def __init__(self, args: qwen3_5.TextModelArgs):
+        super().__init__()
+        h = args.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.pre_fc_norm_embedding = nn.RMSNorm(h, eps=args.rms_norm_eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(h, eps=args.rms_norm_eps)
+        # layer_idx: any full-attention position, so the layer is gated attention rather than Gated DeltaNet
+        self.layers = [qwen3_5.DecoderLayer(args, layer_idx=args.full_attention_interval - 1)]
+        self.norm = nn.RMSNorm(h, eps=args.rms_norm_eps)
+
+    def __call__(self, embeddings: mx.array, hidden: mx.array, cache: list) -> mx.array:
+        x = self.fc(mx.concatenate([self.pre_fc_norm_embedding(embeddings), self.pre_fc_norm_hidden(hidden)], -1))
+        x = self.layers[0](x, mask=create_attention_mask(x, cache[0]), cache=cache[0])
+        return self.norm(x)
+
+
+def text_model(model):
+    """The Qwen3.5 text model inside a (multimodal) checkpoint's Model, or None for other architectures."""
+    text = getattr(model, "language_model", model)
+    return text if isinstance(text, qwen3_5.TextModel) else None
+
+
+def declared_mtp_layers(config: dict) -> int:
+    return config.get("text_config", config).get("mtp_num_hidden_layers", 0)
+
+
+def load_mtp(path: Path, model) -> MTP:
+    """The MTP layer of a Qwen3.5 checkpoint directory, sanitized like the main model (norm shift once)."""
+    weights, raw_hf = {}, False
+    for file in sorted(path.glob("model*.safetensors")):
+        for key, value in mx.load(str(file)).items():  # lazy: only what is used is read
+            if key.startswith("mtp."):
+                weights[key] = value
+            elif key.endswith("conv1d.weight"):
+                raw_hf = raw_hf or value.shape[-1] != 1  # mlx-lm's test for unsanitized HF weights
+    mtp = MTP(text_model(model).args)
+    if not weights:
+        raise SpecError(f"{path} holds no mtp.* tensors although its config declares an MTP layer: it was "
+                        f"stripped (mlx_lm.convert drops them); add them back with `mlx-spec convert --add-mtp "
+                        f"--hf-path ORIGINAL_HF_REPO --mlx-path {path}`")
+    sanitized = {}
+    for key, value in weights.items():
+        key = key[len("mtp."):]
+        if raw_hf and value.ndim == 1 and "norm" in key:  # every RMSNorm of the MTP layer, pre_fc_norm_* too
+            value = value + 1.0  # zero-centred in HF files; MLX conversions already hold 1 + w
+        sanitized[key] = value
+    sanitized = split_fused_experts(sanitized, "layers.0.mlp")
+    try:
+        mtp.load_weights(list(sanitized.items()), strict=True)
+    except ValueError as e:
+        raise SpecError(f"the mtp.* tensors in {path} do not fit this model's MTP layer ({e})") from None
+    mx.eval(mtp.parameters())
+    return mtp
+
+
+def split_fused_experts(weights: dict, prefix: str) -> dict:
+    """Qwen3.5-MoE stores experts fused (`experts.gate_up_proj` [E, 2I, H], gate first); mlx-lm's layer wants
+    `switch_mlp.{gate,up,down}_proj`. Qwen3-Next stores `experts.{e}.*` per expert, to be stacked."""
+    fused = weights.pop(f"{prefix}.experts.gate_up_proj", None)
+    if fused is not None:
+        mid = fused.shape[-2] // 2
+        weights[f"{prefix}.switch_mlp.gate_proj.weight"] = fused[..., :mid, :]
+        weights[f"{prefix}.switch_mlp.up_proj.weight"] = fused[..., mid:, :]
+        weights[f"{prefix}.switch_mlp.down_proj.weight"] = weights.pop(f"{prefix}.experts.down_proj")
+    expert = 0
+    while f"{prefix}.experts.{expert}.up_proj.weight" in weights:
+        expert += 1
+    for name in ("gate_proj", "up_proj", "down_proj") if expert else ():
+        weights[f"{prefix}.switch_mlp.{name}.weight"] = mx.stack(
+            [weights.pop(f"{prefix}.experts.{e}.{name}.weight") for e in range(expert)])
+    return weights
+
+
+def lm_head(model):
+    """The target's output head (the MTP layer has none of its own)."""
+    text = text_model(model)
+    return text.model.embed_tokens.as_linear if text.args.tie_word_embeddings else text.lm_head

@@ -1,0 +1,58 @@
+"""Qwen3.5 / 3.6 built-in multi-token prediction drafting.
+
+MTP row p pairs embed(t_{p+1}) with the target's hidden state h_p and predicts t_{p+2}. The last row built
+from verified target states scores the first draft of the next round; each further draft feeds back the MTP
+layer's own post-norm output. After verification the draft-time rows are dropped and the rows for the
+accepted tokens and the target's own next token are rebuilt from the target's verified hidden states.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..caches import make_caches, rollback
+from ..models.qwen3_5 import MTP, lm_head, text_model
+from ..sampling import SamplingParams
+from ..target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
+from . import Draft, draft_autoregressively
+
+
+class MTPDrafter:
+    name = "mtp"
+
+    def __init__(self, mtp: MTP, target_model, hidden: str = "post"):
+        """hidden: which target hidden state feeds the MTP layer, after ("post", the reference) or before the
+        final norm ("pre")."""
+        self.mtp, self.wants_hidden = mtp, hidden
+        self.embed, self.head = text_model(target_model).model.embed_tokens, lm_head(target_model)
+
+    def begin(self, context: list[int], prompt_step: Step) -> None:
+        self.cache = make_caches(self.mtp, MAX_DRAFT_LEN + 1)
+        self.draft_rows = 0  # rows added while drafting, dropped after verification
+        self.next_logits = None  # scores the first draft of the next round
+        if len(context) > 1:
+            for start in range(0, len(context) - 1, PREFILL_CHUNK):
+                end = min(start + PREFILL_CHUNK, len(context) - 1)
+                self._rows(context[start + 1:end + 1], prompt_step.hidden[start:end])
+                mx.eval([c.state for c in self.cache])
+
+    def _rows(self, tokens, hidden: mx.array) -> mx.array:
+        """Append MTP rows pairing embed(tokens[i]) with hidden[i]; returns the last row's logits."""
+        tokens = mx.array(tokens, dtype=mx.int32) if isinstance(tokens, list) else tokens
+        self.mtp_hidden = self.mtp(self.embed(tokens)[None], hidden[None], self.cache)[0, -1:]
+        self.next_logits = self.head(self.mtp_hidden)
+        return self.next_logits
+
+    def _draft_step(self, token: mx.array) -> mx.array:
+        self.draft_rows += 1
+        return self._rows(token, self.mtp_hidden)
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
+        if k == 0 or self.next_logits is None:
+            return Draft.empty()
+        return draft_autoregressively(self.next_logits, self._draft_step, k, params, context, key)
+
+    def accept(self, context: list[int], accepted: int, step: Step) -> None:
+        rollback(self.cache, self.draft_rows, MAX_DRAFT_LEN + 1)
+        self.draft_rows = 0
+        self._rows(context[-(accepted + 1):], step.hidden)
