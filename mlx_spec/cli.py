@@ -75,6 +75,18 @@ def generate(args) -> int:
     return 0
 
 
+def convert(args) -> int:
+    from .convert import add_mtp, convert
+
+    if args.add_mtp:
+        add_mtp(args.hf_path, args.mlx_path, args.mtp_bits, args.q_group_size)
+    else:
+        out = convert(args.hf_path, args.mlx_path, args.quantize, args.q_bits, args.q_group_size, args.mtp_bits,
+                      args.dtype)
+        print(f"[INFO] Wrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -87,6 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and statistics")
     gen.set_defaults(run=generate)
+
+    conv = commands.add_parser("convert", help="convert a Hugging Face checkpoint to MLX, keeping its MTP layer")
+    conv.add_argument("--hf-path", required=True, help="Hugging Face repo id or local directory")
+    conv.add_argument("--mlx-path", required=True, help="output directory (must not exist, unless --add-mtp)")
+    conv.add_argument("-q", "--quantize", action="store_true", help="quantize the weights")
+    conv.add_argument("--q-bits", type=int, default=4, choices=[2, 3, 4, 5, 6, 8])
+    conv.add_argument("--q-group-size", type=int, default=64, choices=[32, 64, 128])
+    conv.add_argument("--mtp-bits", type=int, choices=[4, 8, 16],
+                      help="bits of the MTP layer (default: 8 for a quantized model, else unquantized; 16 = float)")
+    conv.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], help="dtype of unquantized weights")
+    conv.add_argument("--add-mtp", action="store_true",
+                      help="add the MTP layer of --hf-path to the existing MLX conversion at --mlx-path")
+    conv.set_defaults(run=convert)
     return parser
 
 

@@ -175,7 +175,7 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
         if text_model(target_model) is None:
             raise SpecError(f"MTP drafting supports Qwen3.5 / 3.6 checkpoints; {target_path} is "
                             f"{target_cfg.get('model_type')!r}: use --drafter ngram or --draft-model")
-        chosen = MTPDrafter(load_mtp(target_path, target_model), target_model)
+        chosen = MTPDrafter(load_mtp(target_path, target_model, target_cfg), target_model)
     elif drafter == "draft-model":
         draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
         if why := vocab_mismatch(tokenizer, target_cfg, draft_tok, draft_cfg):

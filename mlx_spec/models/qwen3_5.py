@@ -111,33 +111,47 @@ def declared_mtp_layers(config: dict) -> int:
     return config.get("text_config", config).get("mtp_num_hidden_layers", 0)
 
 
-def load_mtp(path: Path, model) -> MTP:
-    """The MTP layer of a Qwen3.5 checkpoint directory, sanitized like the main model (norm shift once)."""
-    weights, raw_hf = {}, False
-    for file in sorted(path.glob("model*.safetensors")):
-        for key, value in mx.load(str(file)).items():  # lazy: only what is used is read
-            if key.startswith("mtp."):
-                weights[key] = value
-            elif key.endswith("conv1d.weight"):
-                raw_hf = raw_hf or value.shape[-1] != 1  # mlx-lm's test for unsanitized HF weights
-    mtp = MTP(text_model(model).args)
-    if not weights:
+def read_mtp_tensors(files) -> tuple[dict, bool]:
+    """The `mtp.*` tensors of some safetensors files (lazily), and whether they are zero-centred HF originals
+    (anything not written by MLX) whose norms still need the 1 + w shift."""
+    tensors, zero_centred = {}, False
+    for file in files:
+        weights, metadata = mx.load(str(file), return_metadata=True)
+        found = {k: v for k, v in weights.items() if k.startswith("mtp.")}
+        if found:
+            tensors.update(found)
+            zero_centred = zero_centred or metadata.get("format") != "mlx"
+    return tensors, zero_centred
+
+
+def build_mtp(args: qwen3_5.TextModelArgs, tensors: dict, zero_centred: bool,
+              quantization: dict | None = None) -> MTP:
+    """An MTP layer holding `tensors` (`mtp.*` names); the norm shift is applied here, exactly once."""
+    weights = {}
+    for key, value in tensors.items():
+        key = key[len("mtp."):]
+        if zero_centred and value.ndim == 1 and "norm" in key:  # every RMSNorm, pre_fc_norm_* included
+            value = value + 1.0
+        weights[key] = value
+    mtp = MTP(args)
+    if quantization:
+        nn.quantize(mtp, group_size=quantization["group_size"], bits=quantization["bits"])
+    try:
+        mtp.load_weights(list(split_fused_experts(weights, "layers.0.mlp").items()), strict=True)
+    except ValueError as e:
+        raise SpecError(f"the mtp.* tensors do not fit this model's MTP layer ({e})") from None
+    mx.eval(mtp.parameters())
+    return mtp
+
+
+def load_mtp(path: Path, model, config: dict) -> MTP:
+    """The MTP layer of a Qwen3.5 checkpoint directory (Hugging Face original or `mlx-spec convert` output)."""
+    tensors, zero_centred = read_mtp_tensors(sorted(path.glob("model*.safetensors")))
+    if not tensors:
         raise SpecError(f"{path} holds no mtp.* tensors although its config declares an MTP layer: it was "
                         f"stripped (mlx_lm.convert drops them); add them back with `mlx-spec convert --add-mtp "
                         f"--hf-path ORIGINAL_HF_REPO --mlx-path {path}`")
-    sanitized = {}
-    for key, value in weights.items():
-        key = key[len("mtp."):]
-        if raw_hf and value.ndim == 1 and "norm" in key:  # every RMSNorm of the MTP layer, pre_fc_norm_* too
-            value = value + 1.0  # zero-centred in HF files; MLX conversions already hold 1 + w
-        sanitized[key] = value
-    sanitized = split_fused_experts(sanitized, "layers.0.mlp")
-    try:
-        mtp.load_weights(list(sanitized.items()), strict=True)
-    except ValueError as e:
-        raise SpecError(f"the mtp.* tensors in {path} do not fit this model's MTP layer ({e})") from None
-    mx.eval(mtp.parameters())
-    return mtp
+    return build_mtp(text_model(model).args, tensors, zero_centred, config.get("mtp_quantization"))
 
 
 def split_fused_experts(weights: dict, prefix: str) -> dict:

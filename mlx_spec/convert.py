@@ -1,0 +1,141 @@
+"""Hugging Face checkpoints to MLX, keeping the MTP layer that mlx_lm.convert drops.
+
+The main model goes through mlx_lm.convert unchanged (so the output still loads with plain `mlx_lm.load`);
+the `mtp.*` tensors, norm-shifted once and optionally quantized, go to `model-mtp.safetensors` beside it,
+which mlx-lm's loader reads and then discards like any `mtp.` key. Output is written to a hidden sibling
+folder and renamed into place at the end, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .errors import SpecError
+from .models.qwen3_5 import build_mtp, declared_mtp_layers, read_mtp_tensors
+from .loading import HUB_PATTERNS
+
+MTP_FILE = "model-mtp.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def fetch(repo_or_dir: str, files: list[str] | None = None) -> Path:
+    """A local directory as is, or a hub repo downloaded (resumably, with progress) to the hub cache:
+    everything a model needs, or only `files`."""
+    path = Path(repo_or_dir).expanduser()
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_or_dir, allow_patterns=files or HUB_PATTERNS))
+    except Exception as e:
+        raise SpecError(f"could not fetch {repo_or_dir!r} from the Hugging Face hub ({type(e).__name__}): check "
+                        "the name and your network, or pass a local directory") from None
+
+
+def mtp_shards(source: str) -> list[str]:
+    """The safetensors files of a checkpoint that hold `mtp.*` tensors, from its index when it has one."""
+    index_dir = fetch(source, [INDEX_FILE, "config.json"])
+    index = index_dir / INDEX_FILE
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return sorted({shard for name, shard in weight_map.items() if name.startswith("mtp.")})
+    return sorted(p.name for p in index_dir.glob("model*.safetensors")) or ["model.safetensors"]
+
+
+def checkpoint_dtype(config: dict) -> str | None:
+    """The floating dtype a checkpoint declares (where mlx_lm.convert looks for it)."""
+    dtype = config.get("torch_dtype") or config.get("text_config", {}).get("dtype")
+    return dtype if dtype in ("float16", "bfloat16", "float32") else None
+
+
+def write_mtp(mlx_dir: Path, tensors: dict, zero_centred: bool, bits: int | None, group_size: int,
+              dtype: str | None) -> None:
+    """Add the MTP layer to an MLX checkpoint directory: its file, its index entries, its quantization."""
+    from mlx_lm.models.qwen3_5 import TextModelArgs
+
+    config = json.loads((mlx_dir / "config.json").read_text())
+    mtp = build_mtp(TextModelArgs.from_dict(config.get("text_config", config)), tensors, zero_centred)
+    if dtype:
+        mtp.set_dtype(getattr(mx, dtype))
+    if bits:
+        nn.quantize(mtp, group_size=group_size, bits=bits)
+        config["mtp_quantization"] = {"group_size": group_size, "bits": bits}
+    weights = {f"mtp.{k}": v for k, v in tree_flatten(mtp.parameters())}
+    partial = mlx_dir / ".partial-mtp.safetensors"  # not model*.safetensors: never loaded if left behind
+    mx.save_safetensors(str(partial), weights, metadata={"format": "mlx"})
+    index_path = mlx_dir / INDEX_FILE
+    if index_path.exists():
+        index = json.loads(index_path.read_text())
+        index["weight_map"].update({k: MTP_FILE for k in weights})
+        index_path.write_text(json.dumps(index, indent=4))
+    (mlx_dir / "config.json").write_text(json.dumps(config, indent=4))
+    os.replace(partial, mlx_dir / MTP_FILE)
+
+
+def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4, q_group_size: int = 64,
+            mtp_bits: int | None = None, dtype: str | None = None) -> Path:
+    """Convert a checkpoint; `mtp_bits` (default: 8 when quantizing) quantizes the MTP layer, 16 keeps it float."""
+    from mlx_lm.convert import convert as mlx_lm_convert
+
+    out = Path(mlx_path).expanduser()
+    if out.exists():
+        raise SpecError(f"{out} already exists: choose a new --mlx-path or delete it")
+    source = fetch(hf_path)
+    config_path = source / "config.json"
+    if not config_path.exists():
+        raise SpecError(f"{source} has no config.json: --hf-path must be a Hugging Face checkpoint")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    try:
+        staged = work / "model"
+        mlx_lm_convert(str(source), str(staged), quantize=quantize, q_group_size=q_group_size, q_bits=q_bits,
+                       dtype=dtype)
+        if declared_mtp_layers(json.loads(config_path.read_text())):
+            tensors, zero_centred = read_mtp_tensors(sorted(source.glob("model*.safetensors")))
+            if not tensors:
+                raise SpecError(f"{source} declares an MTP layer but holds no mtp.* tensors: convert from the "
+                                "original Hugging Face checkpoint")
+            bits = mtp_bits if mtp_bits is not None else (8 if quantize else None)
+            write_mtp(staged, tensors, zero_centred, None if bits == 16 else bits, q_group_size,
+                      dtype or checkpoint_dtype(json.loads(config_path.read_text())))
+            print(f"[INFO] Kept the MTP layer ({len(tensors)} tensors) in {MTP_FILE}")
+        staged.rename(out)
+    except SpecError:
+        raise
+    except Exception as e:
+        raise SpecError(f"conversion of {hf_path} failed ({type(e).__name__}: {e}); nothing was written") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def add_mtp(hf_path: str, mlx_path: str, mtp_bits: int | None = None, group_size: int = 64) -> Path:
+    """Graft the MTP layer of the original checkpoint onto an MLX conversion that lost it, fetching only the
+    shards that hold `mtp.*`."""
+    target = Path(mlx_path).expanduser()
+    config_path = target / "config.json"
+    if not config_path.exists():
+        raise SpecError(f"{target} is not an MLX checkpoint directory (no config.json)")
+    if not declared_mtp_layers(json.loads(config_path.read_text())):
+        raise SpecError(f"{target} declares no MTP layer (mtp_num_hidden_layers): nothing to add")
+    if read_mtp_tensors(sorted(target.glob("model*.safetensors")))[0]:
+        raise SpecError(f"{target} already holds mtp.* tensors")
+    shards = mtp_shards(hf_path)
+    source = fetch(hf_path, shards)
+    tensors, zero_centred = read_mtp_tensors([source / s for s in shards if (source / s).exists()])
+    if not tensors:
+        raise SpecError(f"{hf_path} holds no mtp.* tensors: point --hf-path at the original Hugging Face repo")
+    config = json.loads(config_path.read_text())
+    bits = mtp_bits if mtp_bits is not None else (8 if config.get("quantization") else None)
+    write_mtp(target, tensors, zero_centred, None if bits == 16 else bits, group_size, checkpoint_dtype(config))
+    print(f"[INFO] Added the MTP layer ({len(tensors)} tensors from {', '.join(shards)}) to {target}")
+    return target

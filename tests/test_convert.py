@@ -1,0 +1,87 @@
+"""`mlx-spec convert` keeps the MTP layer; `--add-mtp` repairs conversions that lost it."""
+
+import json
+import shutil
+
+import mlx_lm
+import pytest
+from helpers import PROMPT, plain_greedy
+from safetensors.numpy import load_file, save_file
+from test_cli import assert_one_line_error, run_cli
+
+import mlx_spec
+from mlx_spec.convert import mtp_shards
+
+
+def tokens_of(path, **sampling):
+    engine = mlx_spec.load(str(path))
+    assert engine.drafter.name == "mtp"
+    return mlx_spec.generate(engine, PROMPT, max_tokens=40, **sampling).tokens
+
+
+def test_float_round_trip_keeps_mtp_and_loads_everywhere(tiny, tmp_path):
+    out = tmp_path / "mlx"
+    proc = run_cli("convert", "--hf-path", str(tiny["qwen3_5"]), "--mlx-path", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "model-mtp.safetensors").exists()
+    assert tokens_of(out) == tokens_of(tiny["qwen3_5"])
+    assert tokens_of(out, temperature=1.0, seed=5) == tokens_of(tiny["qwen3_5"], temperature=1.0, seed=5)
+    model, _ = mlx_lm.load(str(out))  # plain mlx-lm still loads it
+    assert len(model.layers) == 8
+
+
+def test_quantized_round_trip(tiny, tmp_path):
+    out = tmp_path / "q8"
+    proc = run_cli("convert", "--hf-path", str(tiny["qwen3_5"]), "--mlx-path", str(out), "-q", "--q-bits", "8",
+                   "--q-group-size", "32")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "config.json").read_text())["mtp_quantization"] == {"group_size": 32, "bits": 8}
+    engine = mlx_spec.load(str(out))
+    assert type(engine.drafter.mtp.fc).__name__ == "QuantizedLinear"
+    ids = engine.encode(PROMPT)
+    result = mlx_spec.generate(engine, ids, max_tokens=60)
+    assert result.tokens == plain_greedy(out, ids, 60)  # lossless on the quantized target
+    assert result.stats.drafted > 0
+
+
+def sharded_copy(src, dst):
+    """The checkpoint split as published models are: mtp.* in the last shard, with an index."""
+    dst = shutil.copytree(src, dst)
+    weights = load_file(str(dst / "model.safetensors"))
+    (dst / "model.safetensors").unlink()
+    shards = {"model-00001-of-00002.safetensors": {k: v for k, v in weights.items() if not k.startswith("mtp.")},
+              "model-00002-of-00002.safetensors": {k: v for k, v in weights.items() if k.startswith("mtp.")}}
+    for name, part in shards.items():
+        save_file(part, str(dst / name), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: name for name, part in shards.items() for k in part}}
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    return dst
+
+
+def test_add_mtp_repairs_a_stripped_conversion(tiny, tmp_path):
+    from mlx_lm.convert import convert
+
+    source = sharded_copy(tiny["qwen3_5"], tmp_path / "hf")
+    assert mtp_shards(str(source)) == ["model-00002-of-00002.safetensors"]  # only this shard is fetched
+    stripped = tmp_path / "stripped"
+    convert(str(source), str(stripped))  # what mlx_lm.convert and most published conversions give
+    proc = run_cli("generate", "--model", str(stripped), "--prompt", "hi")
+    assert_one_line_error(proc, "stripped", "mlx-spec convert --add-mtp")
+    proc = run_cli("convert", "--add-mtp", "--hf-path", str(source), "--mlx-path", str(stripped))
+    assert proc.returncode == 0, proc.stderr
+    assert tokens_of(stripped) == tokens_of(tiny["qwen3_5"])
+    assert tokens_of(stripped, temperature=1.0, seed=1) == tokens_of(tiny["qwen3_5"], temperature=1.0, seed=1)
+    assert_one_line_error(run_cli("convert", "--add-mtp", "--hf-path", str(source), "--mlx-path", str(stripped)),
+                          "already holds")
+
+
+def test_failures_write_nothing(tiny, tmp_path):
+    existing = tmp_path / "exists"
+    existing.mkdir()
+    assert_one_line_error(run_cli("convert", "--hf-path", str(tiny["qwen3_5"]), "--mlx-path", str(existing)),
+                          "already exists")
+    broken = shutil.copytree(tiny["qwen3_5"], tmp_path / "broken")
+    (broken / "model.safetensors").write_bytes(b"not safetensors at all")
+    out = tmp_path / "out" / "model"
+    assert_one_line_error(run_cli("convert", "--hf-path", str(broken), "--mlx-path", str(out)), "nothing was written")
+    assert not out.exists() and list((tmp_path / "out").iterdir()) == []
