@@ -12,6 +12,7 @@ from scipy.stats import chisquare
 import mlx_spec
 from mlx_spec.errors import SpecError
 from mlx_spec.sampling import SamplingParams, distributions
+from mlx_spec.target import Step
 
 
 def numpy_distribution(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
@@ -67,21 +68,24 @@ def test_nonsense_parameters_are_refused(bad):
         SamplingParams(**bad)
 
 
-@pytest.mark.parametrize("drafter", ["draft-model", "ngram"])
-def test_sampled_sequences_follow_the_target(tiny, drafter):
+@pytest.mark.parametrize("family,drafter", [("qwen3", "draft-model"), ("qwen3", "ngram"), ("qwen3_5", "mtp")])
+def test_sampled_sequences_follow_the_target(tiny, family, drafter):
     """Three sampled tokens (T=1, top-k 2): the 8 possible sequences appear as often as the target alone
     would produce them, computed exactly from full-prefix forwards."""
     horizon, top_k, samples = 3, 2, 1200
-    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-noisy"]), drafter=drafter, draft_len=2)
-    # a prompt after which the drafter's first proposal is the target's own greedy choice
-    base = engine.encode(PROMPT)
-    greedy = mlx_spec.generate(engine, base, max_tokens=60).tokens
-    for cut in range(60):
-        prompt = base + greedy[:cut]
-        engine.drafter.begin(prompt)
-        if engine.drafter.propose(prompt, 1, SamplingParams(), mx.random.key(0)).tokens.tolist() == [greedy[cut]]:
-            break
-    model, _ = load(str(tiny["qwen3"]))
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny["qwen3-noisy"]), drafter=drafter, draft_len=2)
+    prompt = engine.encode(PROMPT)
+    if drafter == "mtp":
+        prompt = prompt[:8]  # Gated DeltaNet prefill runs step by step on the CPU: keep it short
+    else:  # a prompt after which the first proposal is the target's own greedy choice
+        greedy = mlx_spec.generate(engine, prompt, max_tokens=60).tokens
+        for cut in range(60):
+            engine.drafter.begin(prompt + greedy[:cut], Step(None))
+            if engine.drafter.propose(prompt + greedy[:cut], 1, SamplingParams(),
+                                      mx.random.key(0)).tokens.tolist() == [greedy[cut]]:
+                break
+        prompt = prompt + greedy[:cut]
+    model, _ = load(str(tiny[family]))
 
     def next_distribution(prefix):
         logits = np.array(model(mx.array([prefix]))[0, -1], dtype=np.float64)
@@ -102,7 +106,7 @@ def test_sampled_sequences_follow_the_target(tiny, drafter):
         result = mlx_spec.generate(engine, prompt, max_tokens=horizon, temperature=1.0, top_k=top_k, seed=seed)
         observed[tuple(result.tokens)] += 1  # a KeyError would mean a sequence the target cannot produce
         drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
-    assert 0 < accepted < drafted
+    assert 0 < accepted < drafted or (drafter == "mtp" and drafted)  # the random MTP layer is rarely right
     keys = [k for k in exact if exact[k] > 0]
     f_exp = np.array([exact[k] for k in keys]) / sum(exact[k] for k in keys) * samples
     assert chisquare([observed[k] for k in keys], f_exp).pvalue > 1e-3
