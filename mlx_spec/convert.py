@@ -1,8 +1,8 @@
 """Hugging Face checkpoints to MLX, keeping the MTP layer that mlx_lm.convert drops.
 
-The main model goes through mlx_lm.convert unchanged (so the output still loads with plain `mlx_lm.load`);
-the `mtp.*` tensors, norm-shifted once and optionally quantized, go to `model-mtp.safetensors` beside it,
-which mlx-lm's loader reads and then discards like any `mtp.` key. Output is written to a hidden sibling
+The main model goes through mlx_lm.convert unchanged; the `mtp.*` tensors, norm-shifted once and optionally
+quantized, go to `mtp.safetensors` beside it, a name mlx-lm's loader never reads, so the output still loads
+with plain `mlx_lm.load` whatever that architecture's sanitize does with `mtp.` keys. Output is written to a hidden sibling
 folder and renamed into place at the end, so a failure leaves nothing half-written.
 """
 
@@ -19,10 +19,10 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .errors import SpecError
-from .models.qwen3_5 import build_mtp, declared_mtp_layers, read_mtp_tensors
+from .models.qwen3_5 import build_mtp, checkpoint_files, declared_mtp_layers, read_mtp_tensors
 from .loading import HUB_PATTERNS
 
-MTP_FILE = "model-mtp.safetensors"
+MTP_FILE = "mtp.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
@@ -60,17 +60,15 @@ def checkpoint_dtype(config: dict) -> str | None:
 def write_mtp(mlx_dir: Path, tensors: dict, zero_centred: bool, bits: int | None, group_size: int,
               dtype: str | None) -> None:
     """Add the MTP layer to an MLX checkpoint directory: its file, its index entries, its quantization."""
-    from mlx_lm.models.qwen3_5 import TextModelArgs
-
     config = json.loads((mlx_dir / "config.json").read_text())
-    mtp = build_mtp(TextModelArgs.from_dict(config.get("text_config", config)), tensors, zero_centred)
+    mtp = build_mtp(config, tensors, zero_centred)
     if dtype:
         mtp.set_dtype(getattr(mx, dtype))
     if bits:
         nn.quantize(mtp, group_size=group_size, bits=bits)
         config["mtp_quantization"] = {"group_size": group_size, "bits": bits}
     weights = {f"mtp.{k}": v for k, v in tree_flatten(mtp.parameters())}
-    partial = mlx_dir / ".partial-mtp.safetensors"  # not model*.safetensors: never loaded if left behind
+    partial = mlx_dir / ".partial-mtp.safetensors"  # never loaded if left behind
     mx.save_safetensors(str(partial), weights, metadata={"format": "mlx"})
     index_path = mlx_dir / INDEX_FILE
     if index_path.exists():
@@ -127,7 +125,7 @@ def add_mtp(hf_path: str, mlx_path: str, mtp_bits: int | None = None, group_size
         raise SpecError(f"{target} is not an MLX checkpoint directory (no config.json)")
     if not declared_mtp_layers(json.loads(config_path.read_text())):
         raise SpecError(f"{target} declares no MTP layer (mtp_num_hidden_layers): nothing to add")
-    if read_mtp_tensors(sorted(target.glob("model*.safetensors")))[0]:
+    if read_mtp_tensors(checkpoint_files(target))[0]:
         raise SpecError(f"{target} already holds mtp.* tensors")
     shards = mtp_shards(hf_path)
     source = fetch(hf_path, shards)

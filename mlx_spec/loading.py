@@ -20,7 +20,8 @@ from .models.qwen3_5 import declared_mtp_layers, load_mtp, text_model
 from .target import Target
 
 REGISTRY = Path(__file__).with_name("models.toml")
-HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+HUB_PATTERNS = ["*.json", "model*.safetensors", "mtp.safetensors", "tokenizer.model", "*.tiktoken", "*.txt",
+                "*.jinja"]
 VOCAB_PADDING_TOLERANCE = 128
 DRAFTERS = ("mtp", "draft-model", "ngram", "off")
 DEFAULT_DRAFT_LEN = {"mtp": 2, "draft-model": 4, "ngram": 3}
@@ -173,9 +174,9 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
         chosen = NgramDrafter()
     elif drafter == "mtp":
         if text_model(target_model) is None:
-            raise SpecError(f"MTP drafting supports Qwen3.5 / 3.6 checkpoints; {target_path} is "
+            raise SpecError(f"MTP drafting supports Qwen3.5 / 3.6 and Qwen3-Next checkpoints; {target_path} is "
                             f"{target_cfg.get('model_type')!r}: use --drafter ngram or --draft-model")
-        chosen = MTPDrafter(load_mtp(target_path, target_model, target_cfg), target_model)
+        chosen = MTPDrafter(load_mtp(target_path, target_cfg), target_model)
     elif drafter == "draft-model":
         draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
         if why := vocab_mismatch(tokenizer, target_cfg, draft_tok, draft_cfg):

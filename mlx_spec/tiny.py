@@ -112,18 +112,22 @@ def family_config(family: str, vocab: int, hidden: int, layers: int, sliding_win
             tie_word_embeddings=True,
         )
         del cfg["hidden_act"]
-    elif family == "qwen3_5":
-        return qwen3_5_config(vocab, hidden, layers)
+    elif family in QWEN3_5_FAMILIES:
+        return qwen3_5_config(family, vocab, hidden, layers)
     else:
-        raise ValueError(f"unknown family {family!r}: choose qwen3, llama, gemma3 or qwen3_5")
+        raise ValueError(f"unknown family {family!r}: choose qwen3, llama, gemma3, {', '.join(QWEN3_5_FAMILIES)}")
     return cfg
 
 
-def qwen3_5_config(vocab: int, hidden: int, layers: int) -> dict:
-    """Qwen3_5ForConditionalGeneration: hybrid Gated DeltaNet / gated attention text model with one MTP layer,
-    its keys nested in `text_config` as in the published checkpoints."""
+QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+       "decoder_sparse_step": 1, "norm_topk_prob": True}
+
+
+def qwen3_5_config(family: str, vocab: int, hidden: int, layers: int) -> dict:
+    """Hybrid Gated DeltaNet / gated attention models with one MTP layer, as published: Qwen3.5 / 3.6 dense
+    (`qwen3_5`) and MoE (`qwen3_5_moe`) nest their text keys in `text_config`; Qwen3-Next is flat."""
     text = {
-        "model_type": "qwen3_5_text",
         "hidden_size": hidden,
         "intermediate_size": hidden * 2,
         "num_hidden_layers": layers,
@@ -143,32 +147,41 @@ def qwen3_5_config(vocab: int, hidden: int, layers: int) -> dict:
         "max_position_embeddings": 4096,
         "attention_bias": False,
         "tie_word_embeddings": False,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
-                            "mrope_section": [1, 1, 0], "mrope_interleaved": True},
         "mtp_num_hidden_layers": 1,
         "mtp_use_dedicated_embeddings": False,
         "eos_token_id": 0,
-        "dtype": "float32",
     }
+    if family == "qwen3_next":
+        return {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", **text, **MOE,
+                "mlp_only_layers": [], "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                "torch_dtype": "float32"}
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": [1, 1, 0], "mrope_interleaved": True}
+    text["dtype"] = "float32"
+    moe = family == "qwen3_5_moe"
+    if moe:
+        text.update(MOE)
     return {
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
-        "text_config": text,
-        "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 32, "out_hidden_size": hidden},
+        "architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
+        "model_type": family,
+        "text_config": {"model_type": f"{family}_text", **text},
+        "vision_config": {"model_type": family, "depth": 1, "hidden_size": 32, "out_hidden_size": hidden},
         "tie_word_embeddings": False,
         "eos_token_id": 0,
         "torch_dtype": "float32",
     }
 
 
-def qwen3_5_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """HF names of the text model (`model.language_model.*`), `lm_head` and the MTP layer (`mtp.*`)."""
-    t = cfg["text_config"]
+def qwen3_5_shapes(family: str, cfg: dict) -> dict[str, tuple[int, ...]]:
+    """HF tensor names and shapes: the text model (`model.language_model.*` for Qwen3.5, `model.*` for
+    Qwen3-Next), `lm_head` and the MTP layer (`mtp.*`); MoE experts fused (Qwen3.5) or per expert (Qwen3-Next)."""
+    t = cfg.get("text_config", cfg)
     h, v, hd, nq, nkv = t["hidden_size"], t["vocab_size"], t["head_dim"], t["num_attention_heads"], \
         t["num_key_value_heads"]
     hk, hv = t["linear_num_key_heads"], t["linear_num_value_heads"]
     dk, dv, kernel = t["linear_key_head_dim"], t["linear_value_head_dim"], t["linear_conv_kernel_dim"]
     conv_dim = 2 * hk * dk + hv * dv
+    base = "model." if family == "qwen3_next" else "model.language_model."
 
     def attention(p):
         return {p + "self_attn.q_proj.weight": (2 * nq * hd, h), p + "self_attn.k_proj.weight": (nkv * hd, h),
@@ -176,25 +189,39 @@ def qwen3_5_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
 
     def mlp_and_norms(p):
-        i = t["intermediate_size"]
-        return {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                p + "mlp.down_proj.weight": (h, i), p + "input_layernorm.weight": (h,),
-                p + "post_attention_layernorm.weight": (h,)}
-
-    shapes = {"model.language_model.embed_tokens.weight": (v, h), "model.language_model.norm.weight": (h,),
-              "lm_head.weight": (v, h)}
-    for i, kind in enumerate(t["layer_types"]):
-        p = f"model.language_model.layers.{i}."
-        shapes.update(mlp_and_norms(p))
-        if kind == "full_attention":
-            shapes.update(attention(p))
+        shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
+        if family == "qwen3_5":
+            i = t["intermediate_size"]
+            return {**shapes, p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                    p + "mlp.down_proj.weight": (h, i)}
+        e, i, si = t["num_experts"], t["moe_intermediate_size"], t["shared_expert_intermediate_size"]
+        shapes.update({p + "mlp.gate.weight": (e, h), p + "mlp.shared_expert.gate_proj.weight": (si, h),
+                       p + "mlp.shared_expert.up_proj.weight": (si, h),
+                       p + "mlp.shared_expert.down_proj.weight": (h, si), p + "mlp.shared_expert_gate.weight": (1, h)})
+        if family == "qwen3_5_moe":
+            shapes.update({p + "mlp.experts.gate_up_proj": (e, 2 * i, h), p + "mlp.experts.down_proj": (e, h, i)})
         else:
-            shapes.update({p + "linear_attn.in_proj_qkv.weight": (conv_dim, h),
-                           p + "linear_attn.in_proj_z.weight": (hv * dv, h),
-                           p + "linear_attn.in_proj_b.weight": (hv, h), p + "linear_attn.in_proj_a.weight": (hv, h),
-                           p + "linear_attn.conv1d.weight": (conv_dim, 1, kernel),
-                           p + "linear_attn.dt_bias": (hv,), p + "linear_attn.A_log": (hv,),
-                           p + "linear_attn.norm.weight": (dv,), p + "linear_attn.out_proj.weight": (h, hv * dv)})
+            for x in range(e):
+                shapes.update({p + f"mlp.experts.{x}.gate_proj.weight": (i, h),
+                               p + f"mlp.experts.{x}.up_proj.weight": (i, h),
+                               p + f"mlp.experts.{x}.down_proj.weight": (h, i)})
+        return shapes
+
+    def linear_attention(p):
+        p += "linear_attn."
+        if family == "qwen3_next":
+            shapes = {p + "in_proj_qkvz.weight": (conv_dim + hv * dv, h), p + "in_proj_ba.weight": (2 * hv, h)}
+        else:
+            shapes = {p + "in_proj_qkv.weight": (conv_dim, h), p + "in_proj_z.weight": (hv * dv, h),
+                      p + "in_proj_b.weight": (hv, h), p + "in_proj_a.weight": (hv, h)}
+        return {**shapes, p + "conv1d.weight": (conv_dim, 1, kernel), p + "dt_bias": (hv,), p + "A_log": (hv,),
+                p + "norm.weight": (dv,), p + "out_proj.weight": (h, hv * dv)}
+
+    shapes = {base + "embed_tokens.weight": (v, h), base + "norm.weight": (h,), "lm_head.weight": (v, h)}
+    for i, kind in enumerate(t["layer_types"]):
+        p = f"{base}layers.{i}."
+        shapes.update(mlp_and_norms(p))
+        shapes.update(attention(p) if kind == "full_attention" else linear_attention(p))
     shapes.update({"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
                    "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)})
     shapes.update(attention("mtp.layers.0."))
@@ -219,7 +246,7 @@ def qwen3_5_weights(shapes: dict, seed: int) -> dict[str, np.ndarray]:
         elif "embed_tokens" in name or "lm_head" in name:
             w = 0.5 * rng.standard_normal(shape)
         else:
-            w = 2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])
+            w = 2.0 * rng.standard_normal(shape) / np.sqrt(shape[-1])
         weights[name] = w.astype(np.float32)
     return weights
 
@@ -299,8 +326,8 @@ def build_checkpoint(
     tokenizer_dir = Path(tokenizer_dir)
     vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
     cfg = family_config(family, len(vocab), hidden, layers, sliding_window)
-    if family == "qwen3_5":
-        weights = qwen3_5_weights(qwen3_5_shapes(cfg), seed)
+    if family in QWEN3_5_FAMILIES:
+        weights = qwen3_5_weights(qwen3_5_shapes(family, cfg), seed)
     else:
         weights = random_weights(family, family_shapes(family, cfg), seed)
     return write_checkpoint(Path(out_dir), cfg, weights, tokenizer_dir)
@@ -341,7 +368,9 @@ def build_suite(root: str | Path) -> dict[str, Path]:
         "llama": build_checkpoint(root / "llama", "llama", tok, layers=3, seed=2),
         "gemma3": build_checkpoint(root / "gemma3", "gemma3", tok, layers=6, sliding_window=16, seed=3),
         "other-vocab": build_checkpoint(root / "other-vocab", "qwen3", other_tok, layers=1, seed=4),
-        "qwen3_5": build_checkpoint(root / "qwen3_5", "qwen3_5", tok, layers=8, seed=5),
+        "qwen3_5": build_checkpoint(root / "qwen3_5", "qwen3_5", tok, layers=8, seed=7),
+        "qwen3_5_moe": build_checkpoint(root / "qwen3_5_moe", "qwen3_5_moe", tok, layers=4, seed=6),
+        "qwen3_next": build_checkpoint(root / "qwen3_next", "qwen3_next", tok, layers=4, seed=7),
     }
     paths["qwen3-draft"] = build_layer_skip_draft(root / "qwen3-draft", paths["qwen3"], keep_layers=2)
     paths["llama-draft"] = build_layer_skip_draft(root / "llama-draft", paths["llama"], keep_layers=1)

@@ -12,8 +12,9 @@ PROMPT = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n     
 
 
 def plain_greedy(path, prompt_ids, max_tokens, repetition_penalty=1.0, kv_bits=None):
-    """mlx-lm's own plain greedy decoding: the reference output of the target alone."""
-    model, _ = load(str(path))
+    """mlx-lm's own plain greedy decoding, up to and including the first end-of-sequence token: the reference
+    output of the target alone."""
+    model, tokenizer = load(str(path))
     processors = (make_logits_processors(repetition_penalty=repetition_penalty, repetition_context_size=64)
                   if repetition_penalty != 1.0 else None)
     if kv_bits:  # quantized from the first prompt token (mlx-lm's generate_step keeps the prompt unquantized)
@@ -22,7 +23,12 @@ def plain_greedy(path, prompt_ids, max_tokens, repetition_penalty=1.0, kv_bits=N
         cache = make_prompt_cache(model)
     steps = generate_step(mx.array(prompt_ids), model, max_tokens=max_tokens, logits_processors=processors,
                           prompt_cache=cache)
-    return [int(token) for token, _ in steps]
+    tokens = []
+    for token, _ in steps:
+        tokens.append(int(token))
+        if tokens[-1] in tokenizer.eos_token_ids:
+            break
+    return tokens
 
 
 class CorruptedOracleDrafter:

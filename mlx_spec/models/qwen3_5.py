@@ -18,7 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import qwen3_5
+from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.gated_delta import _gated_delta_step_ops, compute_g, normalize_qk
 
@@ -43,17 +43,17 @@ def recurrence_with_states(q, k, v, a, b, A_log, dt_bias, state):
     return mx.stack(ys, axis=1), states
 
 
-class CapturingGatedDeltaNet(qwen3_5.GatedDeltaNet):
+class CapturingGDN:
+    """Mixed into mlx-lm's GDN layer classes: same computation, and per-position states while capturing."""
+
     def __call__(self, inputs: mx.array, mask=None, cache=None) -> mx.array:
         if not (isinstance(cache, RecurrentCache) and cache.capture and inputs.shape[1] > 1 and mask is None):
             return super().__call__(inputs, mask, cache)
         B, S, _ = inputs.shape
-        qkv = self.in_proj_qkv(inputs)
-        z = self.in_proj_z(inputs).reshape(B, S, self.num_v_heads, self.head_v_dim)
-        b, a = self.in_proj_b(inputs), self.in_proj_a(inputs)
+        mixed_qkv, z, b, a = self.projections(inputs)
         n_keep = self.conv_kernel_size - 1
         conv_state = cache[0] if cache[0] is not None else mx.zeros((B, n_keep, self.conv_dim), inputs.dtype)
-        conv_input = mx.concatenate([conv_state, qkv], axis=1)
+        conv_input = mx.concatenate([conv_state, mixed_qkv], axis=1)
         conv_out = nn.silu(self.conv1d(conv_input))
         q, k, v = [
             t.reshape(B, S, h, d)
@@ -67,13 +67,32 @@ class CapturingGatedDeltaNet(qwen3_5.GatedDeltaNet):
         return self.out_proj(self.norm(out, z).reshape(B, S, -1))
 
 
+class CapturingGatedDeltaNet(CapturingGDN, qwen3_5.GatedDeltaNet):
+    def projections(self, inputs):
+        B, S, _ = inputs.shape
+        z = self.in_proj_z(inputs).reshape(B, S, self.num_v_heads, self.head_v_dim)
+        return self.in_proj_qkv(inputs), z, self.in_proj_b(inputs), self.in_proj_a(inputs)
+
+
+class CapturingNextGatedDeltaNet(CapturingGDN, qwen3_next.Qwen3NextGatedDeltaNet):
+    def projections(self, inputs):
+        B, S, _ = inputs.shape
+        q, k, v, z, b, a = self.fix_query_key_value_ordering(self.in_proj_qkvz(inputs), self.in_proj_ba(inputs))
+        return mx.concatenate([t.reshape(B, S, -1) for t in (q, k, v)], axis=-1), z, b, a
+
+
+CAPTURING = {qwen3_5.GatedDeltaNet: CapturingGatedDeltaNet,
+             qwen3_next.Qwen3NextGatedDeltaNet: CapturingNextGatedDeltaNet}
+
+
 def install(model) -> bool:
-    """Make every Qwen3.5 GDN layer of `model` a capturing one (in place); True if there were any."""
+    """Make every Gated DeltaNet layer of `model` a capturing one (in place); True if there were any."""
     found = False
     for layer in getattr(model, "layers", []):
-        if isinstance(getattr(layer, "linear_attn", None), qwen3_5.GatedDeltaNet):
-            layer.linear_attn.__class__ = CapturingGatedDeltaNet
-            found = True
+        for plain, capturing in CAPTURING.items():
+            if isinstance(getattr(layer, "linear_attn", None), plain):
+                layer.linear_attn.__class__ = capturing
+                found = True
     return found
 
 
@@ -85,14 +104,19 @@ class MTP(nn.Module):
         h = norm(x)             scored by the target's lm_head and fed back as the next `hidden`
     """
 
-    def __init__(self, args: qwen3_5.TextModelArgs):
+    def __init__(self, config: dict):
+        """config: the checkpoint's config.json (Qwen3.5 / 3.6 dense or MoE, or Qwen3-Next)."""
         super().__init__()
+        if config["model_type"] == "qwen3_next":
+            args, layer = qwen3_next.ModelArgs.from_dict(config), qwen3_next.Qwen3NextDecoderLayer
+        else:
+            args, layer = qwen3_5.TextModelArgs.from_dict(config.get("text_config", config)), qwen3_5.DecoderLayer
         h = args.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=False)
         self.pre_fc_norm_embedding = nn.RMSNorm(h, eps=args.rms_norm_eps)
         self.pre_fc_norm_hidden = nn.RMSNorm(h, eps=args.rms_norm_eps)
-        # layer_idx: any full-attention position, so the layer is gated attention rather than Gated DeltaNet
-        self.layers = [qwen3_5.DecoderLayer(args, layer_idx=args.full_attention_interval - 1)]
+        # layer_idx: a full-attention position, so it is gated attention (with the target's MLP or MoE)
+        self.layers = [layer(args, layer_idx=args.full_attention_interval - 1)]
         self.norm = nn.RMSNorm(h, eps=args.rms_norm_eps)
 
     def __call__(self, embeddings: mx.array, hidden: mx.array, cache: list) -> mx.array:
@@ -102,9 +126,10 @@ class MTP(nn.Module):
 
 
 def text_model(model):
-    """The Qwen3.5 text model inside a (multimodal) checkpoint's Model, or None for other architectures."""
+    """The text model that owns the embedding and head (Qwen3.5's inside its multimodal Model, Qwen3-Next's
+    Model itself), or None for other architectures."""
     text = getattr(model, "language_model", model)
-    return text if isinstance(text, qwen3_5.TextModel) else None
+    return text if isinstance(text, (qwen3_5.TextModel, qwen3_next.Model)) else None
 
 
 def declared_mtp_layers(config: dict) -> int:
@@ -124,8 +149,7 @@ def read_mtp_tensors(files) -> tuple[dict, bool]:
     return tensors, zero_centred
 
 
-def build_mtp(args: qwen3_5.TextModelArgs, tensors: dict, zero_centred: bool,
-              quantization: dict | None = None) -> MTP:
+def build_mtp(config: dict, tensors: dict, zero_centred: bool, quantization: dict | None = None) -> MTP:
     """An MTP layer holding `tensors` (`mtp.*` names); the norm shift is applied here, exactly once."""
     weights = {}
     for key, value in tensors.items():
@@ -133,7 +157,7 @@ def build_mtp(args: qwen3_5.TextModelArgs, tensors: dict, zero_centred: bool,
         if zero_centred and value.ndim == 1 and "norm" in key:  # every RMSNorm, pre_fc_norm_* included
             value = value + 1.0
         weights[key] = value
-    mtp = MTP(args)
+    mtp = MTP(config)
     if quantization:
         nn.quantize(mtp, group_size=quantization["group_size"], bits=quantization["bits"])
     try:
@@ -144,14 +168,19 @@ def build_mtp(args: qwen3_5.TextModelArgs, tensors: dict, zero_centred: bool,
     return mtp
 
 
-def load_mtp(path: Path, model, config: dict) -> MTP:
+def checkpoint_files(path: Path) -> list[Path]:
+    """The weight files of a checkpoint: HF shards, and `mtp.safetensors` from `mlx-spec convert`."""
+    return sorted(path.glob("model*.safetensors")) + sorted(path.glob("mtp.safetensors"))
+
+
+def load_mtp(path: Path, config: dict) -> MTP:
     """The MTP layer of a Qwen3.5 checkpoint directory (Hugging Face original or `mlx-spec convert` output)."""
-    tensors, zero_centred = read_mtp_tensors(sorted(path.glob("model*.safetensors")))
+    tensors, zero_centred = read_mtp_tensors(checkpoint_files(path))
     if not tensors:
         raise SpecError(f"{path} holds no mtp.* tensors although its config declares an MTP layer: it was "
                         f"stripped (mlx_lm.convert drops them); add them back with `mlx-spec convert --add-mtp "
                         f"--hf-path ORIGINAL_HF_REPO --mlx-path {path}`")
-    return build_mtp(text_model(model).args, tensors, zero_centred, config.get("mtp_quantization"))
+    return build_mtp(config, tensors, zero_centred, config.get("mtp_quantization"))
 
 
 def split_fused_experts(weights: dict, prefix: str) -> dict:
