@@ -42,12 +42,14 @@ def sampling_params(args):
 
 def load_engine(args):
     from . import linux_blas
-    from .loading import load
+    from .loading import load, registry
 
     if args.model is None:
         print("no --model given: using the built-in tiny demo model (random weights, its text is noise); "
               "run a real one with --model mlx-community/Qwen3-8B-4bit or a local directory", file=sys.stderr)
     engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size)
+    if note := registry().get(args.model or "", {}).get("note"):
+        print(f"{args.model}: {' '.join(note.split())}", file=sys.stderr)
     drafter = f"{engine.drafter.name}, {engine.policy.draft_len} tokens/round" if engine.drafter else "off"
     print(f"drafter: {drafter} | BLAS: {linux_blas.describe()}", file=sys.stderr)
     return engine

@@ -321,11 +321,14 @@ def build_checkpoint(
     layers: int = 4,
     sliding_window: int = 16,
     seed: int = 0,
+    overrides: dict | None = None,
 ) -> Path:
-    """A random-weight checkpoint of `family` sharing the tokenizer in `tokenizer_dir`."""
+    """A random-weight checkpoint of `family` sharing the tokenizer in `tokenizer_dir`; `overrides` replaces
+    text-config keys (head counts and sizes, for benchmark-sized models)."""
     tokenizer_dir = Path(tokenizer_dir)
     vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
     cfg = family_config(family, len(vocab), hidden, layers, sliding_window)
+    cfg.get("text_config", cfg).update(overrides or {})
     if family in QWEN3_5_FAMILIES:
         weights = qwen3_5_weights(qwen3_5_shapes(family, cfg), seed)
     else:

@@ -79,3 +79,17 @@ def test_draft_model_cache_holds_exactly_the_accepted_context(tiny, family):
     probe = [7]
     np.testing.assert_allclose(np.array(drafter.runner.forward(probe).logits),
                                np.array(fresh.forward(context + probe).logits[-1:]), atol=2e-4)
+
+
+def test_gated_delta_step_matches_mlx_lm_reference():
+    from mlx_lm.models.gated_delta import _gated_delta_step_ops
+
+    from mlx_spec.models.qwen3_5 import gated_delta_step
+
+    mx.random.seed(0)
+    q, k = mx.random.normal((1, 4, 16)), mx.random.normal((1, 4, 16))
+    v, state = mx.random.normal((1, 4, 8)), mx.random.normal((1, 4, 8, 16))
+    g, beta = mx.random.uniform(shape=(1, 4)), mx.random.uniform(shape=(1, 4))
+    for ours, reference in zip(gated_delta_step(q, k, v, g, beta, state),
+                               _gated_delta_step_ops(q, k, v, g, beta, state)):
+        np.testing.assert_allclose(np.array(ours), np.array(reference), atol=1e-5)
