@@ -17,6 +17,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                              "MTP layer when it has one, else ngram)")
     parser.add_argument("--num-draft", type=int,
                         help="tokens drafted per round (default: from models.toml, else mtp 2, draft-model 4, ngram 3)")
+    parser.add_argument("--mtp-hidden", choices=["post", "pre"], default="post",
+                        help="target hidden state fed to the MTP layer: after (default) or before the final norm")
     parser.add_argument("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
     parser.add_argument("--kv-group-size", type=int, default=64)
 
@@ -47,7 +49,8 @@ def load_engine(args):
     if args.model is None:
         print("no --model given: using the built-in tiny demo model (random weights, its text is noise); "
               "run a real one with --model mlx-community/Qwen3-8B-4bit or a local directory", file=sys.stderr)
-    engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size)
+    engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size,
+                  args.mtp_hidden)
     if note := registry().get(args.model or "", {}).get("note"):
         print(f"{args.model}: {' '.join(note.split())}", file=sys.stderr)
     drafter = f"{engine.drafter.name}, {engine.policy.draft_len} tokens/round" if engine.drafter else "off"

@@ -2,8 +2,8 @@
 
 The main model goes through mlx_lm.convert unchanged; the `mtp.*` tensors, norm-shifted once and optionally
 quantized, go to `mtp.safetensors` beside it, a name mlx-lm's loader never reads, so the output still loads
-with plain `mlx_lm.load` whatever that architecture's sanitize does with `mtp.` keys. Output is written to a hidden sibling
-folder and renamed into place at the end, so a failure leaves nothing half-written.
+with plain `mlx_lm.load` whatever that architecture's sanitize does with `mtp.` keys. Output is written to a
+hidden sibling folder and renamed into place at the end, so a failure leaves nothing half-written.
 """
 
 from __future__ import annotations

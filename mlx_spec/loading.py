@@ -135,13 +135,16 @@ def vocab_mismatch(target_tok, target_cfg: dict, draft_tok, draft_cfg: dict) -> 
 
 
 def load(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
-         draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64) -> Engine:
+         draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
+         mtp_hidden: str = "post") -> Engine:
     """Load a target and a drafter into an Engine.
 
     model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
     drafter: "mtp" (the checkpoint's own multi-token prediction layer), "draft-model" (needs draft_model, or a
     models.toml entry that names one), "ngram" or "off"; default: the draft model when one is known, else the
     MTP layer when the checkpoint declares one, else "ngram".
+    mtp_hidden: the target hidden state fed to the MTP layer, after ("post", as the reference implementations)
+    or before ("pre") the final norm.
     """
     entry = registry().get(model, {}) if model else {}
     if model is None:
@@ -165,7 +168,9 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
     check_memory(target_path, draft_path)
     target_model, tokenizer, target_cfg = load_checkpoint(target_path, "target model")
-    target = Target(target_model, kv_bits, kv_group_size, hidden="post" if drafter == "mtp" else None)
+    if mtp_hidden not in ("post", "pre"):
+        raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
+    target = Target(target_model, kv_bits, kv_group_size, hidden=mtp_hidden if drafter == "mtp" else None)
     if drafter != "off" and (problem := target.rollback_problem()):
         raise SpecError(f"speculation is not available for {target_path}: {problem}; run with --drafter off")
 

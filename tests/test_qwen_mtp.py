@@ -187,3 +187,24 @@ def test_mtp_experts_are_loaded_from_either_layout(tiny, family):
     np.testing.assert_array_equal(np.array(switch.up_proj.weight), up)
     norm = np.array(mlx_spec.load(str(tiny[family])).drafter.mtp.norm.weight)
     np.testing.assert_allclose(norm, weights["mtp.norm.weight"] + 1.0)  # zero-centred: shifted exactly once
+
+
+def test_pre_norm_tap_is_available_and_differs(tiny):
+    post = mlx_spec.load(str(tiny["qwen3_5"]))
+    pre = mlx_spec.load(str(tiny["qwen3_5"]), mtp_hidden="pre")
+    tokens = post.encode(PROMPT)
+    post_step, pre_step = post.target.forward(tokens), pre.target.forward(tokens)
+    text = text_model(pre.target.model)
+    np.testing.assert_allclose(np.array(text.model.norm(pre_step.hidden)), np.array(post_step.hidden), atol=1e-5)
+    assert mlx_spec.generate(pre, tokens, max_tokens=30).tokens == plain_greedy(tiny["qwen3_5"], tokens, 30)
+
+
+def test_mtp_failure_messages(tiny, tmp_path):
+    from test_cli import assert_one_line_error, run_cli
+
+    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--drafter", "mtp", "--prompt", "hi")
+    assert_one_line_error(proc, "declares no MTP layer", "--drafter ngram")
+    proc = run_cli("convert", "--add-mtp", "--hf-path", str(tiny["qwen3_5"]), "--mlx-path", str(tiny["qwen3"]))
+    assert_one_line_error(proc, "declares no MTP layer")
+    proc = run_cli("convert", "--add-mtp", "--hf-path", str(tiny["qwen3_5"]), "--mlx-path", str(tmp_path))
+    assert_one_line_error(proc, "not an MLX checkpoint")

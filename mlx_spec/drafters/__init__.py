@@ -29,7 +29,7 @@ class Drafter(Protocol):
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         """Start a sequence whose tokens so far are `context`; the target has prefilled all but the last, and
-        `prompt_step.hidden` holds its hidden states there when the drafter asked for them (`wants_hidden`)."""
+        `prompt_step.hidden` holds its hidden states there when the target was loaded to return them."""
 
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
         """Up to k tokens continuing `context`, sampled with `params` (may be lazy)."""

@@ -20,10 +20,9 @@ from . import Draft, draft_autoregressively
 class MTPDrafter:
     name = "mtp"
 
-    def __init__(self, mtp: MTP, target_model, hidden: str = "post"):
-        """hidden: which target hidden state feeds the MTP layer, after ("post", the reference) or before the
-        final norm ("pre")."""
-        self.mtp, self.wants_hidden = mtp, hidden
+    def __init__(self, mtp: MTP, target_model):
+        """The target must be run with `Target(..., hidden=...)`: its Steps carry the hidden states fed here."""
+        self.mtp = mtp
         self.embed, self.head = text_model(target_model).model.embed_tokens, lm_head(target_model)
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
