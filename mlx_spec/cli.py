@@ -16,7 +16,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="how to draft (default: the draft model when one is known, else the checkpoint's "
                              "MTP layer when it has one, else ngram)")
     parser.add_argument("--num-draft", type=int,
-                        help="tokens drafted per round (default: from models.toml, else mtp 2, draft-model 4, ngram 3)")
+                        help="pin the tokens drafted per round (default: adaptive, from 0 = plain decoding up to "
+                             "the models.toml recommendation, else mtp 3, draft-model 6, ngram 6)")
     parser.add_argument("--mtp-hidden", choices=["post", "pre"], default="post",
                         help="target hidden state fed to the MTP layer: after (default) or before the final norm")
     parser.add_argument("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
@@ -53,7 +54,7 @@ def load_engine(args):
                   args.mtp_hidden)
     if note := registry().get(args.model or "", {}).get("note"):
         print(f"{args.model}: {' '.join(note.split())}", file=sys.stderr)
-    drafter = f"{engine.drafter.name}, {engine.policy.draft_len} tokens/round" if engine.drafter else "off"
+    drafter = f"{engine.drafter.name}, {engine.policy.note}" if engine.drafter else "off"
     print(f"drafter: {drafter} | BLAS: {linux_blas.describe()}", file=sys.stderr)
     return engine
 

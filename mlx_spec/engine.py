@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from .drafters import Draft, Drafter
 from .errors import SpecError
-from .policy import FixedDraftLength
+from .policy import AdaptiveDraftLength, FixedDraftLength
 from .sampling import SamplingParams
 from .stats import Stats
 from .target import MAX_DRAFT_LEN, Target
@@ -89,11 +89,24 @@ class TextStream:
 class Engine:
     """A target model, its tokenizer and an optional drafter. `stream` yields Token / Round / Done events."""
 
-    def __init__(self, target: Target, tokenizer, drafter: Drafter | None = None, draft_len: int = 4):
-        if not 0 <= draft_len <= MAX_DRAFT_LEN:
-            raise SpecError(f"draft length must be between 0 and {MAX_DRAFT_LEN}, got {draft_len}")
+    def __init__(self, target: Target, tokenizer, drafter: Drafter | None = None, draft_len: int | None = 4,
+                 max_draft_len: int = 4):
+        """draft_len: drafts per round, pinned; None lets the adaptive policy choose 0..max_draft_len."""
+        for n in (draft_len, max_draft_len):
+            if n is not None and not 0 <= n <= MAX_DRAFT_LEN:
+                raise SpecError(f"draft length must be between 0 and {MAX_DRAFT_LEN}, got {n}")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.policy = FixedDraftLength(draft_len if drafter else 0)
+        self.max_draft_len = max_draft_len
+        self.pin(draft_len)
+
+    def pin(self, draft_len: int | None) -> None:
+        """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose."""
+        if not self.drafter:
+            self.policy = FixedDraftLength(0)
+        elif draft_len is None:
+            self.policy = AdaptiveDraftLength(self.max_draft_len)
+        else:
+            self.policy = FixedDraftLength(draft_len)
 
     def encode(self, prompt: str | list[int]) -> list[int]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -122,7 +135,9 @@ class Engine:
         while stop_reason is None:
             key, round_key = mx.random.split(key)
             draft_len = self.policy.next_draft_len(max_tokens - len(generated))
+            round_start = time.perf_counter()
             draft_len, accepted, new_tokens = self.speculate_round(context, draft_len, params, round_key)
+            self.policy.observe(draft_len, accepted, time.perf_counter() - round_start)
             context += new_tokens
             stats.record_round(draft_len, accepted)
             yield Round(draft_len, accepted)
@@ -144,6 +159,7 @@ class Engine:
             yield Token(-1, tail, from_draft=False)  # text held back for a stop string that never came
         stats.decode_seconds = time.perf_counter() - start
         stats.generated_tokens = len(generated)
+        stats.policy = self.policy.note
         stats.record_memory()
         yield Done(stop_reason, text.text, generated, stats)
 

@@ -24,7 +24,7 @@ HUB_PATTERNS = ["*.json", "model*.safetensors", "mtp.safetensors", "tokenizer.mo
                 "*.jinja"]
 VOCAB_PADDING_TOLERANCE = 128
 DRAFTERS = ("mtp", "draft-model", "ngram", "off")
-DEFAULT_DRAFT_LEN = {"mtp": 2, "draft-model": 4, "ngram": 3}
+MAX_DRAFT_LEN = {"mtp": 3, "draft-model": 6, "ngram": 6}  # the adaptive policy's upper bound by default
 
 
 def registry() -> dict:
@@ -140,6 +140,8 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     """Load a target and a drafter into an Engine.
 
     model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
+    draft_len: drafts per round, pinned; None (default) lets the adaptive policy choose between 0 (plain
+    decoding) and the models.toml recommendation or the drafter's default maximum.
     drafter: "mtp" (the checkpoint's own multi-token prediction layer), "draft-model" (needs draft_model, or a
     models.toml entry that names one), "ngram" or "off"; default: the draft model when one is known, else the
     MTP layer when the checkpoint declares one, else "ngram".
@@ -162,8 +164,7 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     if drafter == "mtp" and not declares_mtp:
         raise SpecError(f"{target_path} declares no MTP layer (mtp_num_hidden_layers): use --drafter ngram "
                         "or --draft-model")
-    if draft_len is None:
-        draft_len = entry.get("draft_len", DEFAULT_DRAFT_LEN.get(drafter, 0))
+    max_draft_len = entry.get("draft_len", MAX_DRAFT_LEN.get(drafter, 0))
 
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
     check_memory(target_path, draft_path)
@@ -190,4 +191,4 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
         chosen = DraftModelDrafter(draft, vocab_size(target_cfg), kv_bits, kv_group_size)
         if problem := chosen.runner.rollback_problem():
             raise SpecError(f"draft model {draft_path} cannot be used: {problem}")
-    return Engine(target, tokenizer, chosen, draft_len if chosen else 0)
+    return Engine(target, tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0))

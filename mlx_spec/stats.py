@@ -10,6 +10,7 @@ import mlx.core as mx
 @dataclass
 class Stats:
     drafter: str = "off"
+    policy: str = ""  # the draft-length policy's last decision and why
     prompt_tokens: int = 0
     generated_tokens: int = 0
     rounds: int = 0  # target forward passes after the prefill
@@ -61,7 +62,7 @@ class Stats:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
     def to_dict(self) -> dict:
-        names = ["drafter", "prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted",
+        names = ["drafter", "policy", "prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted",
                  "acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "prefill_tps",
                  "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory"]
         return {name: getattr(self, name) for name in names}
@@ -73,7 +74,7 @@ class Stats:
             positions = " ".join(f"{a:.0%}" for a in self.per_position_acceptance)
             line += (f" | {self.drafter}: acceptance {self.acceptance_rate:.1%} "
                      f"({self.accepted}/{self.drafted}), {self.mean_acceptance_length:.2f} tokens/step, "
-                     f"per position [{positions}]")
+                     f"per position [{positions}]; {self.policy}")
         else:
             line += " | drafting off"
         return line + f" | peak memory {self.peak_memory / 2**20:.0f} MiB"

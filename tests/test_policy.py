@@ -1,0 +1,75 @@
+"""The draft-length policy: off when drafts are useless, back on when they are good, pinned when asked."""
+
+import statistics
+
+import mlx.core as mx
+from helpers import PROMPT, CorruptedOracleDrafter, plain_greedy
+
+import mlx_spec
+from mlx_spec.drafters import Draft
+from mlx_spec.engine import Engine
+from mlx_spec.policy import AdaptiveDraftLength
+from mlx_spec.target import Target
+
+
+def run_rounds(policy, rounds, acceptance_of, plain=1.0, per_draft=0.08):
+    """Drive the policy with a synthetic round: drafts pass while acceptance_of(round) says so."""
+    chosen = []
+    for r in range(rounds):
+        k = policy.next_draft_len(remaining=1000)
+        accepted = min(k, acceptance_of(r))
+        policy.observe(k, accepted, plain + per_draft * k)
+        chosen.append(k)
+    return chosen
+
+
+def test_turns_off_for_useless_drafts_and_back_on_for_good_ones():
+    policy = AdaptiveDraftLength(max_len=5, probe_every=8)
+    chosen = run_rounds(policy, 60, lambda r: 0)
+    assert chosen[-20:].count(0) >= 17  # off, but for the occasional probe
+    assert policy.note.startswith("drafting off: recent first-draft acceptance") and "break-even 8%" in policy.note
+    chosen = run_rounds(policy, 60, lambda r: 5)  # the text became predictable
+    assert min(chosen[-20:]) >= 4 and policy.note.startswith("draft length")
+
+
+def test_draft_length_follows_acceptance_and_cost():
+    cheap, dear = AdaptiveDraftLength(max_len=8), AdaptiveDraftLength(max_len=8)
+    half = run_rounds(cheap, 80, lambda r: [0, 1, 2, 3][r % 4], per_draft=0.02)
+    costly = run_rounds(dear, 80, lambda r: [0, 1, 2, 3][r % 4], per_draft=0.3)
+    assert 1 <= statistics.median(costly[-20:]) < statistics.median(half[-20:])  # dearer drafts: shorter
+
+
+class SwitchingDrafter(CorruptedOracleDrafter):
+    """Wrong at every position for the first `bad_tokens` generated tokens, then the exact reference."""
+
+    def __init__(self, reference, prompt_len, vocab, bad_tokens):
+        super().__init__(reference, prompt_len, vocab)
+        self.bad_tokens = bad_tokens
+
+    def propose(self, context, k, params, key):
+        done = len(context) - self.prompt_len
+        tokens = list(self.reference[done:done + k])
+        if done < self.bad_tokens:
+            tokens = [(t + 1) % self.vocab for t in tokens]
+        return Draft(mx.array(tokens, dtype=mx.int32)) if tokens else Draft.empty()
+
+
+def test_engine_turns_drafting_off_and_on_again(tiny):
+    plain = mlx_spec.load(str(tiny["qwen3"]), drafter="off")
+    ids = plain.encode(PROMPT)
+    reference = plain_greedy(tiny["qwen3"], ids, 300)
+    drafter = SwitchingDrafter(reference, len(ids), len(plain.tokenizer.get_vocab()), bad_tokens=80)
+    engine = Engine(Target(plain.target.model), plain.tokenizer, drafter, draft_len=None, max_draft_len=4)
+    engine.policy.probe_every = 8
+    rounds = [e for e in mlx_spec.stream(engine, ids, max_tokens=300) if isinstance(e, mlx_spec.Round)]
+    assert [e.draft_len for e in rounds[50:80]].count(0) >= 20  # useless drafts: mostly plain decoding
+    late = rounds[-20:]
+    assert sum(e.accepted for e in late) >= 2 * len(late)  # good drafts again: several tokens per round
+    assert [e.draft_len for e in rounds[-20:]].count(0) <= 2
+
+
+def test_pinned_draft_length_is_honoured(tiny):
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-draft"]), draft_len=3)
+    rounds = [e for e in mlx_spec.stream(engine, PROMPT, max_tokens=60) if isinstance(e, mlx_spec.Round)]
+    assert {e.draft_len for e in rounds[:-3]} == {3}
+    assert engine.policy.note == "draft length 3 (pinned)"
