@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from .errors import SpecError
 
@@ -93,6 +94,24 @@ def convert(args) -> int:
     return 0
 
 
+def batch(args) -> int:
+    from .batch import run
+
+    if not Path(args.input).exists():
+        raise SpecError(f"{args.input} does not exist: give a JSONL file with one request per line")
+    engine = load_engine(args)
+    generated = bad = 0
+    for record in run(engine, args.input, args.output, args.max_tokens, progress=not args.quiet):
+        if "error" in record:
+            bad += 1
+            print(f"{args.input}:{record['line']}: skipped: {record['error']}", file=sys.stderr)
+        else:
+            generated += 1
+    print(f"{generated} generated into {args.output}" + (f", {bad} bad line(s) skipped" if bad else ""),
+          file=sys.stderr)
+    return 1 if bad else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -105,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and statistics")
     gen.set_defaults(run=generate)
+
+    bat = commands.add_parser("batch", help="generate for every request of a JSONL file, resumably")
+    bat.add_argument("input", help="JSONL: one {\"id\", \"prompt\" or \"messages\", optional parameters} per line")
+    bat.add_argument("-o", "--output", required=True, help="JSONL results; a rerun skips the ids already there")
+    bat.add_argument("--max-tokens", type=int, default=256, help="default for requests that set none")
+    bat.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_model_args(bat)
+    bat.set_defaults(run=batch)
 
     conv = commands.add_parser("convert", help="convert a Hugging Face checkpoint to MLX, keeping its MTP layer")
     conv.add_argument("--hf-path", required=True, help="Hugging Face repo id or local directory")
