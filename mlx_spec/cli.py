@@ -112,6 +112,36 @@ def batch(args) -> int:
     return 1 if bad else 0
 
 
+def bench(args) -> int:
+    from .bench import load_prompts, run_bench, svg_chart, table
+    from .loading import load_target
+    from .models.qwen3_5 import declared_mtp_layers
+
+    categories = load_prompts(args.suite, args.prompts)
+    if args.model is None:
+        print("no --model given: benchmarking the built-in tiny demo model (random weights)", file=sys.stderr)
+    target = load_target(args.model, args.draft_model)
+    drafters = args.drafters.split(",") if args.drafters else (
+        ["mtp"] * (declared_mtp_layers(target.config) > 0)
+        + ["draft-model"] * bool(args.draft_model or target.default_draft_model) + ["ngram"])
+    total = sum(len(prompts) for _, prompts in categories.values()) * args.reps * (len(drafters) + 1)
+    print(f"bench: {', '.join(['plain', *drafters])} on {len(categories)} categories, {total} runs of "
+          f"{args.max_tokens} tokens, interleaved", file=sys.stderr)
+    done = []
+
+    def progress(run):
+        done.append(run)
+        print(f"\r  {len(done)}/{total} runs", end="", file=sys.stderr, flush=True)
+    report = run_bench(target, drafters, categories, args.max_tokens, args.reps, args.draft_model, progress)
+    print(file=sys.stderr)
+    print(table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    if args.plot:
+        Path(args.plot).write_text(svg_chart(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -124,6 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and statistics")
     gen.set_defaults(run=generate)
+
+    ben = commands.add_parser("bench", help="measure whether speculation pays here, per kind of work")
+    add_model_args(ben)
+    ben.add_argument("--drafters", help="comma-separated drafters to compare with plain decoding "
+                                        "(default: every one available for the model)")
+    ben.add_argument("--suite", choices=["spec", "quick"], help="built-in prompt suite (default: spec)")
+    ben.add_argument("--prompts", help="JSONL file of {\"prompt\" or \"messages\", \"category\", \"temperature\"}")
+    ben.add_argument("--max-tokens", type=int, default=128)
+    ben.add_argument("--reps", type=int, default=1, help="repetitions of every prompt and contender")
+    ben.add_argument("--json", help="write the full report here")
+    ben.add_argument("--plot", help="write an SVG bar chart of the speedups here")
+    ben.set_defaults(run=bench)
 
     bat = commands.add_parser("batch", help="generate for every request of a JSONL file, resumably")
     bat.add_argument("input", help="JSONL: one {\"id\", \"prompt\" or \"messages\", optional parameters} per line")

@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -71,12 +72,12 @@ def weight_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("model*.safetensors"))
 
 
-def check_memory(target_path: Path, draft_path: Path | None) -> None:
+def check_memory(target_path: Path, draft_path: Path | None, what: str = "target model") -> None:
     """Refuse before loading when the weights cannot fit: the draft competes with the target for memory."""
     target, available = weight_bytes(target_path), psutil.virtual_memory().available
     gib = 2**30
     if target > available:
-        raise SpecError(f"not enough memory for the target model at {target_path}: its weights need "
+        raise SpecError(f"not enough memory for the {what} at {target_path}: its weights need "
                         f"{target / gib:.1f} GiB, {available / gib:.1f} GiB are available; "
                         "use a smaller or more quantized model")
     if draft_path and target + (draft := weight_bytes(draft_path)) > available:
@@ -134,6 +135,73 @@ def vocab_mismatch(target_tok, target_cfg: dict, draft_tok, draft_cfg: dict) -> 
     return None
 
 
+@dataclass
+class LoadedTarget:
+    """A target checkpoint in memory; engines with different drafters can share it."""
+
+    path: Path
+    model: object
+    tokenizer: object
+    config: dict
+    entry: dict  # its models.toml entry, if any
+    default_draft_model: str | None
+
+
+def load_target(model: str | None, draft_model: str | None = None) -> LoadedTarget:
+    """Resolve and load a target; `draft_model` (when one will be used) is counted in the memory check."""
+    entry = registry().get(model, {}) if model else {}
+    if model is None:
+        path = default_model_dir()
+        target_path, default_draft = path / "target", str(path / "draft")
+    else:
+        target_path, default_draft = resolve(model), entry.get("draft_model")
+    check_memory(target_path, resolve(draft_model) if draft_model else None)
+    target_model, tokenizer, config = load_checkpoint(target_path, "target model")
+    return LoadedTarget(target_path, target_model, tokenizer, config, entry, default_draft)
+
+
+def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: str | None = None,
+                draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
+                mtp_hidden: str = "post") -> Engine:
+    """An Engine around a loaded target with the chosen drafter (see `load` for the arguments)."""
+    draft_model = draft_model or target.default_draft_model
+    declares_mtp = declared_mtp_layers(target.config) > 0
+    drafter = drafter or ("draft-model" if draft_model else "mtp" if declares_mtp else "ngram")
+    if drafter not in DRAFTERS:
+        raise SpecError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
+    if drafter == "draft-model" and not draft_model:
+        raise SpecError("--drafter draft-model needs --draft-model PATH_OR_REPO")
+    if drafter == "mtp" and not declares_mtp:
+        raise SpecError(f"{target.path} declares no MTP layer (mtp_num_hidden_layers): use --drafter ngram "
+                        "or --draft-model")
+    if mtp_hidden not in ("post", "pre"):
+        raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
+    max_draft_len = target.entry.get("draft_len", MAX_DRAFT_LEN.get(drafter, 0))
+    runner = Target(target.model, kv_bits, kv_group_size, hidden=mtp_hidden if drafter == "mtp" else None)
+    if drafter != "off" and (problem := runner.rollback_problem()):
+        raise SpecError(f"speculation is not available for {target.path}: {problem}; run with --drafter off")
+
+    chosen = None
+    if drafter == "ngram":
+        chosen = NgramDrafter()
+    elif drafter == "mtp":
+        if text_model(target.model) is None:
+            raise SpecError(f"MTP drafting supports Qwen3.5 / 3.6 and Qwen3-Next checkpoints; {target.path} is "
+                            f"{target.config.get('model_type')!r}: use --drafter ngram or --draft-model")
+        chosen = MTPDrafter(load_mtp(target.path, target.config), target.model)
+    elif drafter == "draft-model":
+        draft_path = resolve(draft_model)
+        check_memory(draft_path, None, what="draft model")
+        draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
+        if why := vocab_mismatch(target.tokenizer, target.config, draft_tok, draft_cfg):
+            raise SpecError(f"draft model {draft_path} does not share the target's vocabulary: {why}; "
+                            "use a draft from the same model family")
+        chosen = DraftModelDrafter(draft, vocab_size(target.config), kv_bits, kv_group_size)
+        if problem := chosen.runner.rollback_problem():
+            raise SpecError(f"draft model {draft_path} cannot be used: {problem}")
+    return Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0))
+
+
 def load(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
          draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
          mtp_hidden: str = "post") -> Engine:
@@ -148,47 +216,8 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     mtp_hidden: the target hidden state fed to the MTP layer, after ("post", as the reference implementations)
     or before ("pre") the final norm.
     """
-    entry = registry().get(model, {}) if model else {}
-    if model is None:
-        path = default_model_dir()
-        target_path, draft_model = path / "target", draft_model or str(path / "draft")
-    else:
-        target_path = resolve(model)
-    draft_model = draft_model or entry.get("draft_model")
-    declares_mtp = declared_mtp_layers(read_config(target_path)) > 0
-    drafter = drafter or ("draft-model" if draft_model else "mtp" if declares_mtp else "ngram")
-    if drafter not in DRAFTERS:
-        raise SpecError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
-    if drafter == "draft-model" and not draft_model:
-        raise SpecError("--drafter draft-model needs --draft-model PATH_OR_REPO")
-    if drafter == "mtp" and not declares_mtp:
-        raise SpecError(f"{target_path} declares no MTP layer (mtp_num_hidden_layers): use --drafter ngram "
-                        "or --draft-model")
-    max_draft_len = entry.get("draft_len", MAX_DRAFT_LEN.get(drafter, 0))
-
-    draft_path = resolve(draft_model) if drafter == "draft-model" else None
-    check_memory(target_path, draft_path)
-    target_model, tokenizer, target_cfg = load_checkpoint(target_path, "target model")
-    if mtp_hidden not in ("post", "pre"):
-        raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
-    target = Target(target_model, kv_bits, kv_group_size, hidden=mtp_hidden if drafter == "mtp" else None)
-    if drafter != "off" and (problem := target.rollback_problem()):
-        raise SpecError(f"speculation is not available for {target_path}: {problem}; run with --drafter off")
-
-    chosen = None
-    if drafter == "ngram":
-        chosen = NgramDrafter()
-    elif drafter == "mtp":
-        if text_model(target_model) is None:
-            raise SpecError(f"MTP drafting supports Qwen3.5 / 3.6 and Qwen3-Next checkpoints; {target_path} is "
-                            f"{target_cfg.get('model_type')!r}: use --drafter ngram or --draft-model")
-        chosen = MTPDrafter(load_mtp(target_path, target_cfg), target_model)
-    elif drafter == "draft-model":
-        draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
-        if why := vocab_mismatch(tokenizer, target_cfg, draft_tok, draft_cfg):
-            raise SpecError(f"draft model {draft_path} does not share the target's vocabulary: {why}; "
-                            "use a draft from the same model family")
-        chosen = DraftModelDrafter(draft, vocab_size(target_cfg), kv_bits, kv_group_size)
-        if problem := chosen.runner.rollback_problem():
-            raise SpecError(f"draft model {draft_path} cannot be used: {problem}")
-    return Engine(target, tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0))
+    planned_draft = draft_model if drafter in (None, "draft-model") else None
+    if planned_draft is None and drafter in (None, "draft-model") and model is not None:
+        planned_draft = registry().get(model, {}).get("draft_model")
+    target = load_target(model, planned_draft)
+    return make_engine(target, draft_model, drafter, draft_len, kv_bits, kv_group_size, mtp_hidden)

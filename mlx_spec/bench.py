@@ -1,0 +1,169 @@
+"""`mlx-spec bench`: does speculation pay on this machine, for this model, on this kind of work?
+
+Plain decoding and each drafter run on the same prompts, interleaved (A, B, C, A, B, C, ...), sharing one copy
+of the target's weights. Per category and overall: median decode tokens/s, speedup over plain decoding,
+acceptance, mean acceptance length, and a verdict. Results go to JSON and to an SVG bar chart.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from .engine import Engine
+from .errors import SpecError
+from .loading import LoadedTarget, make_engine
+from .sampling import SamplingParams
+
+PASSAGE = ("The Gated DeltaNet layer keeps a fixed-size recurrent state instead of a key-value cache. Each new "
+           "token decays the state, reads what the state predicts for the token's key, and writes back the "
+           "difference between that prediction and the token's value, scaled by a learned step size. Because "
+           "the state does not grow, memory stays constant however long the context becomes, which is why "
+           "hybrid models interleave three such layers with one full-attention layer.")
+
+# Spec-Bench's spirit: the kinds of work where drafting is known to help, and where it is known not to.
+SUITES = {
+    "spec": {
+        "code": (0.0, ["Write a Python function that parses an ISO 8601 date string and returns a datetime.",
+                       "Complete this code:\ndef binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n"]),
+        "extraction": (0.0, [f"List every technical term in this passage, one per line:\n{PASSAGE}",
+                             "From 'Order #4411 shipped to Ada Lovelace, 12 St James Sq, London, on 2026-03-02' "
+                             "extract the order number, name, city and date."]),
+        "json": (0.0, ["Return a JSON object with keys name, language, stars and topics describing the "
+                       "project mlx-lm.", "Convert to JSON: name Ada, age 36, languages Python and C, city "
+                       "London."]),
+        "summarisation": (0.0, [f"Summarise in two sentences:\n{PASSAGE}",
+                                f"Answer from the passage only: why do hybrid models keep memory constant?\n{PASSAGE}"]),
+        "chat": (0.0, [[{"role": "user", "content": "What is speculative decoding?"},
+                        {"role": "assistant", "content": "A way to generate several tokens per forward pass of a "
+                                                         "large model, using a cheap drafter."},
+                        {"role": "user", "content": "When does it not help?"}]]),
+        "math": (0.0, ["A train leaves at 9:40 and arrives at 13:05. How long is the journey? Think step by step.",
+                       "Solve for x: 3x + 7 = 2x - 5. Show each step."]),
+        "creative": (1.0, ["Write a short poem about a lighthouse keeper who collects lost words.",
+                           "Invent a myth that explains why cats sit in boxes."]),
+    },
+}
+SUITES["quick"] = {name: (temp, prompts[:1]) for name, (temp, prompts) in SUITES["spec"].items()}
+ENABLE_ABOVE = 1.05  # a drafter must beat plain decoding by this much to be recommended
+
+
+@dataclass
+class Run:
+    category: str
+    contender: str
+    tps: float
+    acceptance: float
+    mean_acceptance_length: float
+
+
+def load_prompts(suite: str | None, prompts_file: str | None) -> dict:
+    """{category: (temperature, [prompt or messages])} from a built-in suite or a JSONL file whose lines hold
+    a "prompt" or "messages", an optional "category" and "temperature"."""
+    if prompts_file is None:
+        if (suite or "spec") not in SUITES:
+            raise SpecError(f"unknown suite {suite!r}: choose one of {', '.join(SUITES)}")
+        return SUITES[suite or "spec"]
+    categories: dict = {}
+    for number, line in enumerate(Path(prompts_file).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            prompt = item.get("messages") or item["prompt"]
+        except (json.JSONDecodeError, KeyError, AttributeError):
+            raise SpecError(f"{prompts_file}:{number}: needs a JSON object with \"prompt\" or \"messages\"") from None
+        temperature, prompts = categories.setdefault(item.get("category", "custom"), (item.get("temperature", 0.0), []))
+        prompts.append(prompt)
+    if not categories:
+        raise SpecError(f"{prompts_file} holds no prompts")
+    return categories
+
+
+def as_text(engine: Engine, prompt) -> str:
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if engine.tokenizer.has_chat_template:
+        return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return "\n".join(m["content"] for m in messages)
+
+
+def run_bench(target: LoadedTarget, drafters: list[str], categories: dict, max_tokens: int, reps: int,
+              draft_model: str | None = None, on_run=None) -> dict:
+    engines = {"plain": make_engine(target, drafter="off")}
+    engines.update({name: make_engine(target, draft_model, name) for name in drafters})
+    runs = []
+    for category, (temperature, prompts) in categories.items():
+        params = SamplingParams(temperature=temperature)
+        for prompt in prompts:
+            text = as_text(engines["plain"], prompt)
+            for rep in range(reps):
+                for name, engine in engines.items():  # interleaved: drift hits every contender alike
+                    stats = engine.generate(text, params, max_tokens, seed=rep).stats
+                    runs.append(Run(category, name, stats.decode_tps, stats.acceptance_rate,
+                                    stats.mean_acceptance_length))
+                    if on_run:
+                        on_run(runs[-1])
+    return summarise(runs, list(engines))
+
+
+def summarise(runs: list[Run], contenders: list[str]) -> dict:
+    report = {"contenders": contenders, "categories": {}}
+    for category in [*dict.fromkeys(r.category for r in runs), "overall"]:
+        rows = {}
+        for name in contenders:
+            mine = [r for r in runs if r.contender == name and category in (r.category, "overall")]
+            rows[name] = {"tps": statistics.median(r.tps for r in mine),
+                          "acceptance": statistics.mean(r.acceptance for r in mine),
+                          "mean_acceptance_length": statistics.mean(r.mean_acceptance_length for r in mine)}
+        plain = rows["plain"]["tps"]
+        for row in rows.values():
+            row["speedup"] = row["tps"] / plain if plain else 0.0
+        # a drafter whose drafts are never accepted cannot be faster: such a "win" is timing noise
+        useful = [n for n in contenders if n != "plain" and rows[n]["mean_acceptance_length"] > 1.05]
+        best = max(useful, key=lambda n: rows[n]["speedup"], default=None)
+        verdict = (f"enable {best} ({rows[best]['speedup']:.2f}x)" if best and rows[best]["speedup"] >= ENABLE_ABOVE
+                   else "disable: plain decoding is as fast")
+        report["categories"][category] = {"results": rows, "verdict": verdict}
+    return report
+
+
+def table(report: dict) -> str:
+    names = report["contenders"]
+    lines = [f"{'category':14s} " + " ".join(f"{n:>22s}" for n in names) + "  verdict"]
+    for category, entry in report["categories"].items():
+        cells = []
+        for n in names:
+            r = entry["results"][n]
+            cells.append(f"{r['tps']:6.1f} tok/s {r['speedup']:4.2f}x" + (f" {r['acceptance']:3.0%}" if n != "plain"
+                                                                            else "     "))
+        lines.append(f"{category:14s} " + " ".join(f"{c:>22s}" for c in cells) + f"  {entry['verdict']}")
+    return "\n".join(lines)
+
+
+def svg_chart(report: dict) -> str:
+    """Grouped bars: speedup over plain decoding per category and contender, a line at 1.0x."""
+    names, categories = report["contenders"], list(report["categories"])
+    colours = ["#9e9e9e", "#1f77b4", "#2ca02c", "#d62728", "#9467bd"]
+    width, height, left, bottom, group = 120 * len(categories) + 80, 320, 50, 40, 100
+    top = max(max(e["results"][n]["speedup"] for n in names) for e in report["categories"].values()) * 1.15 or 1
+    scale = (height - bottom - 20) / top
+    bar = group / (len(names) + 1)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             f'font-size="11">', f'<text x="{left}" y="14">speedup over plain decoding</text>']
+    for i, category in enumerate(categories):
+        x0 = left + 20 + i * 120
+        for j, name in enumerate(names):
+            h = report["categories"][category]["results"][name]["speedup"] * scale
+            parts.append(f'<rect x="{x0 + j * bar:.1f}" y="{height - bottom - h:.1f}" width="{bar - 2:.1f}" '
+                         f'height="{h:.1f}" fill="{colours[j % len(colours)]}"><title>{name}: '
+                         f'{h / scale:.2f}x</title></rect>')
+        parts.append(f'<text x="{x0}" y="{height - bottom + 14}">{category}</text>')
+    y1 = height - bottom - scale
+    parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y1:.1f}" y2="{y1:.1f}" stroke="black" '
+                 'stroke-dasharray="4"/>')
+    for j, name in enumerate(names):
+        parts.append(f'<rect x="{left + j * 110}" y="{height - 16}" width="10" height="10" '
+                     f'fill="{colours[j % len(colours)]}"/><text x="{left + j * 110 + 14}" y="{height - 7}">{name}</text>')
+    return "\n".join(parts + ["</svg>"])
