@@ -35,7 +35,8 @@ SUITES = {
                        "project mlx-lm.", "Convert to JSON: name Ada, age 36, languages Python and C, city "
                        "London."]),
         "summarisation": (0.0, [f"Summarise in two sentences:\n{PASSAGE}",
-                                f"Answer from the passage only: why do hybrid models keep memory constant?\n{PASSAGE}"]),
+                                "Answer from the passage only: why do hybrid models keep memory constant?\n"
+                                + PASSAGE]),
         "chat": (0.0, [[{"role": "user", "content": "What is speculative decoding?"},
                         {"role": "assistant", "content": "A way to generate several tokens per forward pass of a "
                                                          "large model, using a cheap drafter."},
@@ -164,6 +165,7 @@ def svg_chart(report: dict) -> str:
     parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y1:.1f}" y2="{y1:.1f}" stroke="black" '
                  'stroke-dasharray="4"/>')
     for j, name in enumerate(names):
-        parts.append(f'<rect x="{left + j * 110}" y="{height - 16}" width="10" height="10" '
-                     f'fill="{colours[j % len(colours)]}"/><text x="{left + j * 110 + 14}" y="{height - 7}">{name}</text>')
+        x = left + j * 110
+        parts.append(f'<rect x="{x}" y="{height - 16}" width="10" height="10" fill="{colours[j % len(colours)]}"/>'
+                     f'<text x="{x + 14}" y="{height - 7}">{name}</text>')
     return "\n".join(parts + ["</svg>"])
