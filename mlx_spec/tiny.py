@@ -361,6 +361,16 @@ def build_layer_skip_draft(out_dir: str | Path, target_dir: str | Path, keep_lay
     return write_checkpoint(Path(out_dir), cfg, weights, target_dir)
 
 
+def build_bench_pair(hidden: int, layers: int, draft_layers: int = 2) -> tuple[Path, Path]:
+    """A benchmark-sized qwen3 target and its layer-skip draft, in a fresh temporary folder."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="mlx-spec-bench-"))
+    target = build_checkpoint(root / "target", "qwen3", build_tokenizer(root / "tokenizer"), hidden=hidden,
+                              layers=layers)
+    return target, build_layer_skip_draft(root / "draft", target, keep_layers=draft_layers)
+
+
 def build_suite(root: str | Path) -> dict[str, Path]:
     """Every checkpoint the tests use, written once under `root`."""
     root = Path(root)

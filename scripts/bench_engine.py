@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -58,10 +57,7 @@ def main():
     args = parser.parse_args()
     linux_blas.reexec_with_openblas()
 
-    root = Path(tempfile.mkdtemp(prefix="mlx-spec-bench-"))
-    tok = tiny.build_tokenizer(root / "tokenizer")
-    target_path = tiny.build_checkpoint(root / "target", "qwen3", tok, hidden=args.hidden, layers=args.layers)
-    draft_path = tiny.build_layer_skip_draft(root / "draft", target_path, keep_layers=args.draft_layers)
+    target_path, draft_path = tiny.build_bench_pair(args.hidden, args.layers, args.draft_layers)
     model, tokenizer = mlx_lm_load(str(target_path))
     draft, _ = mlx_lm_load(str(draft_path))
     params = sum(v.size for _, v in __import__("mlx.utils", fromlist=["tree_flatten"]).tree_flatten(model.parameters()))

@@ -16,7 +16,6 @@ import argparse
 import random
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -69,10 +68,7 @@ def main():
     args = parser.parse_args()
     linux_blas.reexec_with_openblas()
 
-    root = Path(tempfile.mkdtemp(prefix="mlx-spec-bench-"))
-    tok = tiny.build_tokenizer(root / "tokenizer")
-    target_path = tiny.build_checkpoint(root / "target", "qwen3", tok, hidden=args.hidden, layers=args.layers)
-    draft_path = tiny.build_layer_skip_draft(root / "draft", target_path, keep_layers=2)
+    target_path, draft_path = tiny.build_bench_pair(args.hidden, args.layers, 2)
     plain = mlx_spec.load(str(target_path), drafter="off")
     plain.tokenizer.eos_token_ids = []
     ids = plain.encode(PROMPT)
