@@ -10,12 +10,13 @@
 
 from __future__ import annotations
 
+from . import batch
 from .engine import Done, Engine, Result, Round, Token
 from .errors import SpecError
 from .loading import load
 from .sampling import SamplingParams
 
-__all__ = ["load", "generate", "stream", "Engine", "SamplingParams", "SpecError", "Result", "Token", "Round",
+__all__ = ["load", "generate", "stream", "batch", "Engine", "SamplingParams", "SpecError", "Result", "Token", "Round",
            "Done"]
 __version__ = "0.1.0"
 

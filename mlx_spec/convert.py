@@ -19,8 +19,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .errors import SpecError
-from .models.qwen3_5 import build_mtp, checkpoint_files, declared_mtp_layers, read_mtp_tensors
 from .loading import HUB_PATTERNS
+from .models.qwen3_5 import build_mtp, checkpoint_files, declared_mtp_layers, read_mtp_tensors
 
 MTP_FILE = "mtp.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -65,8 +65,9 @@ def test_untrimmable_cache_is_an_error_not_a_no_op():
 @pytest.mark.parametrize("family", ["gemma3", "llama", "qwen3_5"])
 def test_draft_model_cache_holds_exactly_the_accepted_context(tiny, family):
     """After many rounds with rejections, the draft model's cache equals a fresh prefill of what it claims."""
-    import mlx_spec
     from helpers import PROMPT
+
+    import mlx_spec
 
     engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), draft_len=4)
     ids = engine.encode(PROMPT)
