@@ -142,6 +142,14 @@ def bench(args) -> int:
     return 0
 
 
+def chat(args) -> int:
+    from tui.app import ChatApp
+
+    engine = load_engine(args)
+    ChatApp(engine, sampling_params(args), args.max_tokens, args.model or "built-in demo model").run()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -154,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and statistics")
     gen.set_defaults(run=generate)
+
+    cha = commands.add_parser("chat", help="a terminal chat that shows speculation working")
+    add_model_args(cha)
+    add_sampling_args(cha)
+    cha.add_argument("--max-tokens", type=int, default=512)
+    cha.set_defaults(run=chat)
 
     ben = commands.add_parser("bench", help="measure whether speculation pays here, per kind of work")
     add_model_args(ben)

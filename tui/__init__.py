@@ -1,0 +1,1 @@
+"""`mlx-spec chat`: a Textual chat that shows speculation working."""

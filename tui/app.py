@@ -1,0 +1,25 @@
+"""The chat application: one screen, one stylesheet, generation in a worker thread."""
+
+from __future__ import annotations
+
+from textual.app import App
+
+from mlx_spec.engine import Engine
+from mlx_spec.sampling import SamplingParams
+
+from .screens.chat import ChatScreen
+
+
+class ChatApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "mlx-spec chat"
+
+    def __init__(self, engine: Engine, params: SamplingParams, max_tokens: int = 512, model_name: str = "",
+                 transcript_dir: str = "."):
+        super().__init__()
+        self.engine, self.params, self.max_tokens = engine, params, max_tokens
+        self.model_name, self.transcript_dir = model_name, transcript_dir
+
+    def on_mount(self) -> None:
+        self.sub_title = self.model_name
+        self.push_screen(ChatScreen())

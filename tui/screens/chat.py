@@ -1,0 +1,221 @@
+"""The chat screen: transcript, live statistics, prompt; generation runs in a thread worker that posts
+messages, so the interface never waits on the model."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input
+
+from mlx_spec import memory
+from mlx_spec.engine import Done, Round, Token
+from mlx_spec.errors import SpecError
+from mlx_spec.stats import Stats
+
+from ..widgets.message import MessageView
+from ..widgets.stats import StatsPanel
+
+HELP = ("Enter sends. Esc stops the answer (keeping what came). F2 speculation on/off, F3 colour drafted tokens, "
+        "F4/F5 draft length -/+ (pins it), F6/F7 temperature -/+, Ctrl+N new chat, Ctrl+S save transcript, "
+        "Ctrl+Q quit.")
+
+
+class TokenArrived(Message):
+    def __init__(self, text: str, from_draft: bool):
+        super().__init__()
+        self.text, self.from_draft = text, from_draft
+
+
+class RoundDone(Message):
+    def __init__(self, mean_length: float):
+        super().__init__()
+        self.mean_length = mean_length
+
+
+class TurnDone(Message):
+    def __init__(self, stats: Stats, reason: str, text: str):
+        super().__init__()
+        self.stats, self.reason, self.text = stats, reason, text
+
+
+class TurnFailed(Message):
+    def __init__(self, error: str):
+        super().__init__()
+        self.error = error
+
+
+class ChatScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", priority=True),
+        Binding("f2", "toggle_speculation", "Speculation"),
+        Binding("f3", "toggle_colour", "Colour"),
+        Binding("f4", "draft_length(-1)", "Draft -"),
+        Binding("f5", "draft_length(1)", "Draft +"),
+        Binding("f6", "temperature(-0.1)", "Temp -"),
+        Binding("f7", "temperature(0.1)", "Temp +"),
+        Binding("ctrl+n", "new_chat", "New", priority=True),
+        Binding("ctrl+s", "save", "Save", priority=True),
+        Binding("f1", "help", "Help"),
+    ]
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[dict] = []
+        self.history: list[float] = []  # tokens per target forward, per round
+        self.generating = False
+        self.stop_requested = False
+        self.speculating = True
+        self.plain_tps: float | None = None
+        self.last_stats: Stats | None = None
+        self.answer: MessageView | None = None
+        self.worker: threading.Thread | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="body"):
+            yield VerticalScroll(id="transcript")
+            yield StatsPanel()
+        yield Input(placeholder="Ask something (F1: keys)", id="prompt")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#prompt", Input).focus()
+        self.notify_stats(Stats(drafter=self.engine.drafter.name if self.engine.drafter else "off",
+                                policy=self.engine.policy.note))
+
+    @property
+    def engine(self):
+        return self.app.engine
+
+    def add_message(self, view: MessageView) -> MessageView:
+        transcript = self.query_one("#transcript", VerticalScroll)
+        transcript.mount(view)
+        transcript.scroll_end(animate=False)
+        return view
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text or self.generating:
+            return
+        event.input.value = ""
+        self.messages.append({"role": "user", "content": text})
+        self.add_message(MessageView("user", text))
+        self.answer = self.add_message(MessageView("assistant"))
+        self.generating, self.stop_requested = True, False
+        self.generate(list(self.messages))
+
+    def generate(self, messages: list[dict]) -> None:
+        """Run the turn on a thread of its own (not daemonic, joined on unmount: MLX's per-thread state must
+        be torn down before the process exits) that posts messages back to the screen."""
+        self.worker = threading.Thread(target=self.run_turn, args=(messages,), name="mlx-spec-generate")
+        self.worker.start()
+
+    def on_unmount(self) -> None:
+        self.stop_requested = True
+        if self.worker is not None:
+            self.worker.join()
+
+    def run_turn(self, messages: list[dict]) -> None:
+        tokenizer = self.engine.tokenizer
+        try:
+            prompt = (tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                      if tokenizer.has_chat_template else "\n".join(m["content"] for m in messages))
+            for event in self.engine.stream(prompt, self.app.params, self.app.max_tokens):
+                if self.stop_requested:
+                    self.post_message(TurnDone(self.engine_stats(), "stopped", self.answer.text))
+                    return
+                if isinstance(event, Token) and event.text:
+                    self.post_message(TokenArrived(event.text, event.from_draft))
+                elif isinstance(event, Round):
+                    self.post_message(RoundDone(1 + event.accepted))
+                elif isinstance(event, Done):
+                    self.post_message(TurnDone(event.stats, event.stop_reason, event.text))
+        except SpecError as e:
+            self.post_message(TurnFailed(str(e)))
+        except Exception as e:  # shown in the interface, never as a traceback over it
+            self.post_message(TurnFailed(f"{type(e).__name__}: {e}"))
+
+    def engine_stats(self) -> Stats:
+        return dataclasses.replace(self.last_stats or Stats(), policy=self.engine.policy.note)
+
+    def on_token_arrived(self, message: TokenArrived) -> None:
+        self.answer.append(message.text, message.from_draft)
+        self.query_one("#transcript", VerticalScroll).scroll_end(animate=False)
+
+    def on_round_done(self, message: RoundDone) -> None:
+        self.history.append(message.mean_length)
+
+    def on_turn_done(self, message: TurnDone) -> None:
+        self.generating = False
+        self.messages.append({"role": "assistant", "content": self.answer.text})
+        self.answer.status = message.reason
+        self.answer.refresh_text()
+        if message.reason != "stopped":
+            self.last_stats = message.stats
+            if message.stats.drafter == "off" or not self.speculating:
+                self.plain_tps = message.stats.decode_tps
+        self.notify_stats(self.last_stats or message.stats)
+
+    def on_turn_failed(self, message: TurnFailed) -> None:
+        self.generating = False
+        if self.answer is not None and not self.answer.text:
+            self.answer.remove()
+        self.add_message(MessageView("error", message.error))
+        if self.messages and self.messages[-1]["role"] == "user":
+            self.messages.pop()
+
+    def notify_stats(self, stats: Stats) -> None:
+        self.query_one(StatsPanel).show(stats, self.history, self.plain_tps, memory.report(self.engine))
+
+    def action_stop(self) -> None:
+        if self.generating:
+            self.stop_requested = True
+
+    def action_toggle_speculation(self) -> None:
+        self.speculating = not self.speculating
+        self.engine.pin(None if self.speculating else 0)
+        self.notify(f"speculation {'on: ' + self.engine.policy.note if self.speculating else 'off'}")
+
+    def action_toggle_colour(self) -> None:
+        for view in self.query(MessageView):
+            view.colour_drafts = not view.colour_drafts
+            view.refresh_text()
+
+    def action_draft_length(self, change: int) -> None:
+        current = getattr(self.engine.policy, "draft_len", 0) or 0
+        self.engine.pin(max(0, min(self.engine.max_draft_len * 2, current + change)))
+        self.speculating = self.engine.policy.draft_len > 0
+        self.notify(self.engine.policy.note)
+
+    def action_temperature(self, change: float) -> None:
+        temperature = round(max(0.0, self.app.params.temperature + change), 2)
+        self.app.params = dataclasses.replace(self.app.params, temperature=temperature)
+        self.notify(f"temperature {temperature}")
+
+    def action_new_chat(self) -> None:
+        if self.generating:
+            return
+        self.messages.clear()
+        self.history.clear()
+        self.query_one("#transcript", VerticalScroll).remove_children()
+
+    def action_save(self) -> None:
+        path = Path(self.app.transcript_dir) / f"mlx-spec-chat-{time.strftime('%Y%m%d-%H%M%S')}.md"
+        lines = [f"# mlx-spec chat: {self.app.model_name}", ""]
+        for m in self.messages:
+            lines += [f"**{m['role']}:** {m['content']}", ""]
+        if self.last_stats:
+            lines += ["---", "", self.last_stats.summary()]
+        path.write_text("\n".join(lines) + "\n")
+        self.notify(f"saved {path}")
+
+    def action_help(self) -> None:
+        self.notify(HELP, timeout=10)

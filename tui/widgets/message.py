@@ -1,0 +1,35 @@
+"""One chat message. Assistant text streams in; tokens the drafter got right can be shown in green."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+
+class MessageView(Static):
+    def __init__(self, role: str, text: str = "", classes: str = ""):
+        super().__init__(classes=f"{role} {classes}".strip())
+        self.role = role
+        self.segments: list[tuple[str, bool]] = [(text, False)] if text else []
+        self.colour_drafts = True
+        self.status = ""
+
+    @property
+    def text(self) -> str:
+        return "".join(s for s, _ in self.segments)
+
+    def append(self, text: str, from_draft: bool) -> None:
+        self.segments.append((text, from_draft))
+        self.refresh_text()
+
+    def refresh_text(self) -> None:
+        label = {"user": "you", "assistant": "model", "error": "error"}[self.role]
+        rendered = Text(f"{label}: ", style="bold")
+        for segment, from_draft in self.segments:
+            rendered.append(segment, style="green" if from_draft and self.colour_drafts else "")
+        if self.status:
+            rendered.append(f"  [{self.status}]", style="italic dim")
+        self.update(rendered)
+
+    def on_mount(self) -> None:
+        self.refresh_text()
