@@ -28,7 +28,8 @@ class StatsPanel(Vertical):
             f"acceptance {stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})\n"
             f"{stats.mean_acceptance_length:.2f} tokens/step\nper position [{positions}]")
         self.query_one("#history", Sparkline).data = history[-60:] or [0.0]
-        speedup = f", {stats.decode_tps / plain_tps:.2f}x plain" if plain_tps else " (turn speculation off once with F2 to compare)"
+        speedup = (f", {stats.decode_tps / plain_tps:.2f}x plain" if plain_tps
+                   else " (one turn with F2 off measures plain decoding)")
         self.query_one("#speed", Static).update(f"{stats.decode_tps:.1f} tok/s decode{speedup}")
         self.query_one("#memory", Static).update(
             f"weights {memory.weights / MIB:.0f} MiB, KV {memory.kv_cache / MIB:.1f} MiB\n"
