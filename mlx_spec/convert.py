@@ -19,31 +19,16 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .errors import SpecError
-from .loading import HUB_PATTERNS
+from .loading import resolve
 from .models.qwen3_5 import build_mtp, checkpoint_files, declared_mtp_layers, read_mtp_tensors
 
 MTP_FILE = "mtp.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def fetch(repo_or_dir: str, files: list[str] | None = None) -> Path:
-    """A local directory as is, or a hub repo downloaded (resumably, with progress) to the hub cache:
-    everything a model needs, or only `files`."""
-    path = Path(repo_or_dir).expanduser()
-    if path.is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_or_dir, allow_patterns=files or HUB_PATTERNS))
-    except Exception as e:
-        raise SpecError(f"could not fetch {repo_or_dir!r} from the Hugging Face hub ({type(e).__name__}): check "
-                        "the name and your network, or pass a local directory") from None
-
-
 def mtp_shards(source: str) -> list[str]:
     """The safetensors files of a checkpoint that hold `mtp.*` tensors, from its index when it has one."""
-    index_dir = fetch(source, [INDEX_FILE, "config.json"])
+    index_dir = resolve(source, [INDEX_FILE, "config.json"])
     index = index_dir / INDEX_FILE
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -87,7 +72,7 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
     out = Path(mlx_path).expanduser()
     if out.exists():
         raise SpecError(f"{out} already exists: choose a new --mlx-path or delete it")
-    source = fetch(hf_path)
+    source = resolve(hf_path)
     config_path = source / "config.json"
     if not config_path.exists():
         raise SpecError(f"{source} has no config.json: --hf-path must be a Hugging Face checkpoint")
@@ -128,7 +113,7 @@ def add_mtp(hf_path: str, mlx_path: str, mtp_bits: int | None = None, group_size
     if read_mtp_tensors(checkpoint_files(target))[0]:
         raise SpecError(f"{target} already holds mtp.* tensors")
     shards = mtp_shards(hf_path)
-    source = fetch(hf_path, shards)
+    source = resolve(hf_path, shards)
     tensors, zero_centred = read_mtp_tensors([source / s for s in shards if (source / s).exists()])
     if not tensors:
         raise SpecError(f"{hf_path} holds no mtp.* tensors: point --hf-path at the original Hugging Face repo")

@@ -64,20 +64,20 @@ class TextStream:
 
     def add(self, token: int) -> str:
         self.detokenizer.add_token(token)
-        text = self.detokenizer.text
+        text = self.detokenizer.text  # read once: some detokenizers decode on every read
         for s in self.stop:
             i = text.find(s, max(0, self.shown - len(s)))
             if i >= 0 and (self.stopped_at is None or i < self.stopped_at):
                 self.stopped_at = i
-        end = self.stopped_at if self.stopped_at is not None else len(text) - self.holdback
-        return self._emit(end)
+        return self._emit(text, self.stopped_at if self.stopped_at is not None else len(text) - self.holdback)
 
     def finish(self) -> str:
         self.detokenizer.finalize()
-        return self._emit(self.stopped_at if self.stopped_at is not None else len(self.detokenizer.text))
+        text = self.detokenizer.text
+        return self._emit(text, self.stopped_at if self.stopped_at is not None else len(text))
 
-    def _emit(self, end: int) -> str:
-        piece = self.detokenizer.text[self.shown:end] if end > self.shown else ""
+    def _emit(self, text: str, end: int) -> str:
+        piece = text[self.shown:end] if end > self.shown else ""
         self.shown = max(self.shown, end)
         return piece
 

@@ -25,7 +25,7 @@ HUB_PATTERNS = ["*.json", "model*.safetensors", "mtp.safetensors", "tokenizer.mo
                 "*.jinja"]
 VOCAB_PADDING_TOLERANCE = 128
 DRAFTERS = ("mtp", "draft-model", "ngram", "off")
-MAX_DRAFT_LEN = {"mtp": 3, "draft-model": 6, "ngram": 6}  # the adaptive policy's upper bound by default
+DEFAULT_MAX_DRAFT_LEN = {"mtp": 3, "draft-model": 6, "ngram": 6}  # the adaptive policy's upper bound by default
 
 
 def registry() -> dict:
@@ -47,8 +47,9 @@ def default_model_dir() -> Path:
     return root
 
 
-def resolve(name: str) -> Path:
-    """A local directory, a models.toml alias or a Hugging Face repo id -> a local checkpoint directory."""
+def resolve(name: str, files: list[str] = HUB_PATTERNS) -> Path:
+    """A local directory, a models.toml alias or a Hugging Face repo id -> a local checkpoint directory;
+    from the hub only `files` are fetched (resumably, with progress, into the hub cache)."""
     path = Path(name).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -62,7 +63,7 @@ def resolve(name: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(repo, allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(repo, allow_patterns=files))
     except Exception as e:  # the hub client raises many types; all mean the same to the user
         raise SpecError(f"could not fetch {repo!r} from the Hugging Face hub ({type(e).__name__}): "
                         "check the name and your network, or pass a local directory") from None
@@ -176,7 +177,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                         "or --draft-model")
     if mtp_hidden not in ("post", "pre"):
         raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
-    max_draft_len = target.entry.get("draft_len", MAX_DRAFT_LEN.get(drafter, 0))
+    max_draft_len = target.entry.get("draft_len", DEFAULT_MAX_DRAFT_LEN.get(drafter, 0))
     runner = Target(target.model, kv_bits, kv_group_size, hidden=mtp_hidden if drafter == "mtp" else None)
     if drafter != "off" and (problem := runner.rollback_problem()):
         raise SpecError(f"speculation is not available for {target.path}: {problem}; run with --drafter off")
