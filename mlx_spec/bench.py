@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,17 @@ PASSAGE = ("The Gated DeltaNet layer keeps a fixed-size recurrent state instead 
            "difference between that prediction and the token's value, scaled by a learned step size. Because "
            "the state does not grow, memory stays constant however long the context becomes, which is why "
            "hybrid models interleave three such layers with one full-attention layer.")
+
+def median_ms(fn, reps: int) -> float:
+    """Median wall time of `fn()` in milliseconds, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
 
 # Spec-Bench's spirit: the kinds of work where drafting is known to help, and where it is known not to.
 SUITES = {

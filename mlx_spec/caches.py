@@ -112,3 +112,19 @@ def _rollback_rotating(cache: RotatingKVCache, n: int) -> None:
         if rotated and cache._idx < cache.keep:
             cache._idx += cache.max_size - cache.keep
     cache.offset -= n
+
+
+def visible_kv(cache, window: int | None = None) -> tuple[mx.array, mx.array]:
+    """(keys, values) of the last `window` cached positions (all when None), oldest first, whatever state a
+    sliding-window ring buffer is in after wraps and rollbacks: what another model may attend to."""
+    if isinstance(cache, QuantizedKVCache):
+        raise SpecError("a drafter that reads the target's K/V needs a float cache: run without --kv-bits")
+    n = cache.offset if window is None else min(window, cache.offset)
+    if isinstance(cache, RotatingKVCache):
+        end = cache._idx  # the next write slot; the newest key sits just before it
+        if end >= n:
+            return cache.keys[..., end - n:end, :], cache.values[..., end - n:end, :]
+        start = cache.keys.shape[2] - (n - end)  # wrapped: the older part is at the end of the ring
+        return (mx.concatenate([cache.keys[..., start:, :], cache.keys[..., :end, :]], axis=2),
+                mx.concatenate([cache.values[..., start:, :], cache.values[..., :end, :]], axis=2))
+    return cache.keys[..., cache.offset - n:cache.offset, :], cache.values[..., cache.offset - n:cache.offset, :]

@@ -20,6 +20,8 @@ from mlx.utils import tree_flatten
 
 from .errors import SpecError
 from .loading import resolve
+from .models.gemma4_assistant import is_assistant, load_assistant
+from .models.gemma4_assistant import quantize as quantize_assistant
 from .models.qwen3_5 import build_mtp, checkpoint_files, declared_mtp_layers, read_mtp_tensors
 
 MTP_FILE = "mtp.safetensors"
@@ -80,8 +82,11 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
     work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
         staged = work / "model"
-        mlx_lm_convert(str(source), str(staged), quantize=quantize, q_group_size=q_group_size, q_bits=q_bits,
-                       dtype=dtype)
+        if is_assistant(json.loads(config_path.read_text())):
+            convert_assistant(source, staged, quantize, q_bits, q_group_size, dtype)
+        else:
+            mlx_lm_convert(str(source), str(staged), quantize=quantize, q_group_size=q_group_size, q_bits=q_bits,
+                           dtype=dtype)
         if declared_mtp_layers(json.loads(config_path.read_text())):
             tensors, zero_centred = read_mtp_tensors(sorted(source.glob("model*.safetensors")))
             if not tensors:
@@ -99,6 +104,27 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def convert_assistant(source: Path, out: Path, quantize: bool, q_bits: int, q_group_size: int,
+                      dtype: str | None) -> None:
+    """A Gemma 4 assistant (mlx-lm cannot load one): floats cast, everything but the centroids quantized; the
+    token ordering stays integer."""
+    config = json.loads((source / "config.json").read_text())
+    assistant = load_assistant(source)
+    if dtype := dtype or checkpoint_dtype(config):
+        assistant.set_dtype(getattr(mx, dtype))  # floating parameters only
+    if quantize:
+        quantize_assistant(assistant, q_group_size, q_bits)
+        config["quantization"] = {"group_size": q_group_size, "bits": q_bits}
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(assistant.parameters())),
+                        metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=4))
+    for extra in [*source.glob("*.json"), *source.glob("tokenizer.model"), *source.glob("*.jinja")]:
+        if extra.name not in ("config.json", INDEX_FILE):
+            shutil.copy(extra, out / extra.name)
+    print(f"[INFO] Converted the Gemma 4 assistant{f' ({q_bits}-bit, centroids kept float)' if quantize else ''}")
 
 
 def add_mtp(hf_path: str, mlx_path: str, mtp_bits: int | None = None, group_size: int = 64) -> Path:

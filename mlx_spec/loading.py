@@ -13,10 +13,12 @@ from pathlib import Path
 import psutil
 
 from .drafters.draft_model import DraftModelDrafter
+from .drafters.gemma4_assistant import AssistantDrafter, shared_kv_sources
 from .drafters.ngram import NgramDrafter
 from .drafters.qwen_mtp import MTPDrafter
 from .engine import Engine
 from .errors import SpecError
+from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.qwen3_5 import declared_mtp_layers, load_mtp, text_model
 from .target import Target
 
@@ -25,7 +27,8 @@ HUB_PATTERNS = ["*.json", "model*.safetensors", "mtp.safetensors", "tokenizer.mo
                 "*.jinja"]
 VOCAB_PADDING_TOLERANCE = 128
 DRAFTERS = ("mtp", "draft-model", "ngram", "off")
-DEFAULT_MAX_DRAFT_LEN = {"mtp": 3, "draft-model": 6, "ngram": 6}  # the adaptive policy's upper bound by default
+# the adaptive policy's upper bound by default
+DEFAULT_MAX_DRAFT_LEN = {"mtp": 3, "draft-model": 6, "ngram": 6, "assistant": 4}
 
 
 def registry() -> dict:
@@ -177,8 +180,12 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                         "or --draft-model")
     if mtp_hidden not in ("post", "pre"):
         raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
-    max_draft_len = target.entry.get("draft_len", DEFAULT_MAX_DRAFT_LEN.get(drafter, 0))
-    runner = Target(target.model, kv_bits, kv_group_size, hidden=mtp_hidden if drafter == "mtp" else None)
+    draft_path = resolve(draft_model) if drafter == "draft-model" else None
+    assistant = draft_path is not None and is_assistant(read_config(draft_path))
+    max_draft_len = target.entry.get("draft_len") or DEFAULT_MAX_DRAFT_LEN.get(
+        "assistant" if assistant else drafter, 0)
+    wants_hidden = mtp_hidden if drafter == "mtp" else "post" if assistant else None
+    runner = Target(target.model, kv_bits, kv_group_size, hidden=wants_hidden)
     if drafter != "off" and (problem := runner.rollback_problem()):
         raise SpecError(f"speculation is not available for {target.path}: {problem}; run with --drafter off")
 
@@ -190,8 +197,10 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
             raise SpecError(f"MTP drafting supports Qwen3.5 / 3.6 and Qwen3-Next checkpoints; {target.path} is "
                             f"{target.config.get('model_type')!r}: use --drafter ngram or --draft-model")
         chosen = MTPDrafter(load_mtp(target.path, target.config), target.model)
+    elif assistant:
+        check_memory(draft_path, None, what="draft model")
+        chosen = load_assistant_drafter(draft_path, target, runner, kv_bits)
     elif drafter == "draft-model":
-        draft_path = resolve(draft_model)
         check_memory(draft_path, None, what="draft model")
         draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
         if why := vocab_mismatch(target.tokenizer, target.config, draft_tok, draft_cfg):
@@ -201,6 +210,36 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         if problem := chosen.runner.rollback_problem():
             raise SpecError(f"draft model {draft_path} cannot be used: {problem}")
     return Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0))
+
+
+def assistant_mismatch(assistant_cfg: dict, target_cfg: dict) -> str | None:
+    """Why a Gemma 4 assistant cannot serve this target (None when it can)."""
+    text, own = target_cfg.get("text_config", target_cfg), assistant_cfg["text_config"]
+    if not text.get("model_type", "").startswith("gemma4"):
+        return f"the target is {target_cfg.get('model_type')!r}, not a Gemma 4 model"
+    if assistant_cfg["backbone_hidden_size"] != text["hidden_size"]:
+        return (f"it was trained on a backbone of hidden size {assistant_cfg['backbone_hidden_size']}, the target's "
+                f"is {text['hidden_size']}")
+    if own["vocab_size"] != text["vocab_size"]:
+        return f"vocabulary sizes differ ({text['vocab_size']} vs {own['vocab_size']})"
+    for key in ("head_dim", "global_head_dim", "num_key_value_heads"):
+        if own.get(key) != text.get(key):
+            return f"its {key} is {own.get(key)}, the target's K/V have {text.get(key)}"
+    return None
+
+
+def load_assistant_drafter(path: Path, target: LoadedTarget, runner: Target, kv_bits: int | None):
+    """A Gemma 4 assistant checked against its target."""
+    config = read_config(path)
+    if why := assistant_mismatch(config, target.config):
+        raise SpecError(f"the Gemma 4 assistant {path} does not pair with {target.path}: {why}; use the assistant "
+                        "published for this target (see models.toml)")
+    if kv_bits:
+        raise SpecError("the Gemma 4 assistant reads the target's K/V, which must stay float: drop --kv-bits")
+    missing = set(config["text_config"]["layer_types"]) - set(shared_kv_sources(target.model))
+    if missing:
+        raise SpecError(f"{target.path} has no non-shared {', '.join(sorted(missing))} layer for the assistant")
+    return AssistantDrafter(load_assistant(path), runner)
 
 
 def load(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,

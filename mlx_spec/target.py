@@ -32,7 +32,7 @@ def _tapped_norm_call(self, x):
 
 def tap_final_norm(model):
     """Make the model's final norm remember its input and output (the pre- and post-norm hidden states)."""
-    norm = model.model.norm
+    norm = getattr(model, "language_model", model).model.norm
     if not hasattr(type(norm), "tapped"):
         norm.__class__ = type(f"Tapped{type(norm).__name__}", (type(norm),),
                               {"__call__": _tapped_norm_call, "tapped": None})

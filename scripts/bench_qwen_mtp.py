@@ -18,7 +18,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -26,17 +25,8 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx_spec  # noqa: E402
 from mlx_spec import linux_blas, tiny  # noqa: E402
+from mlx_spec.bench import median_ms  # noqa: E402
 from mlx_spec.target import Target  # noqa: E402
-
-
-def median_ms(fn, reps: int) -> float:
-    fn()  # warm up
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def main():

@@ -1,5 +1,9 @@
 """Shared by several test modules: references computed independently of mlx-spec's engine."""
 
+import os
+import subprocess
+import sys
+
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
@@ -56,3 +60,16 @@ class CorruptedOracleDrafter:
 
     def accept(self, context, accepted, step):
         pass
+
+
+def run_cli(*args, env=None, stdin=None):
+    return subprocess.run([sys.executable, "-m", "mlx_spec.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, input=stdin, timeout=300)
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("mlx-spec: error:")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]

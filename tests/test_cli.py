@@ -1,28 +1,12 @@
 """The real `mlx-spec` command in a subprocess: output, statistics and one-line errors."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
-from helpers import PROMPT, plain_greedy
+from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
 
 import mlx_spec
-
-
-def run_cli(*args, env=None, stdin=None):
-    return subprocess.run([sys.executable, "-m", "mlx_spec.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, input=stdin, timeout=300)
-
-
-def assert_one_line_error(proc, *fragments):
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("mlx-spec: error:")]
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_generate_json_is_the_target_greedy_output(tiny):

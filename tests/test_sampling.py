@@ -68,15 +68,17 @@ def test_nonsense_parameters_are_refused(bad):
         SamplingParams(**bad)
 
 
-@pytest.mark.parametrize("family,drafter", [("qwen3", "draft-model"), ("qwen3", "ngram"), ("qwen3_5", "mtp")])
-def test_sampled_sequences_follow_the_target(tiny, family, drafter):
+@pytest.mark.parametrize("family,drafter,draft", [("qwen3", "draft-model", "qwen3-noisy"), ("qwen3", "ngram", None),
+                                                  ("qwen3_5", "mtp", None),
+                                                  ("gemma4", "draft-model", "gemma4-assistant-trained")])
+def test_sampled_sequences_follow_the_target(tiny, family, drafter, draft):
     """Three sampled tokens (T=1, top-k 2): the 8 possible sequences appear as often as the target alone
     would produce them, computed exactly from full-prefix forwards."""
     horizon, top_k, samples = 3, 2, 1200
-    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny["qwen3-noisy"]), drafter=drafter, draft_len=2)
+    engine = mlx_spec.load(str(tiny[family]), draft_model=draft and str(tiny[draft]), drafter=drafter, draft_len=2)
     prompt = engine.encode(PROMPT)
-    if drafter == "mtp":
-        prompt = prompt[:8]  # Gated DeltaNet prefill runs step by step on the CPU: keep it short
+    if engine.drafter.name in ("mtp", "assistant"):  # drafters fed by the target's hidden states
+        prompt = prompt[:24]  # past the Gemma window (16); short for Gated DeltaNet's step-by-step prefill
     else:  # a prompt after which the first proposal is the target's own greedy choice
         greedy = mlx_spec.generate(engine, prompt, max_tokens=60).tokens
         for cut in range(60):

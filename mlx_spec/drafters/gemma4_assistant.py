@@ -1,0 +1,59 @@
+"""Drafting with a Gemma 4 assistant checkpoint.
+
+The assistant has no cache of its own: every draft step attends to the target's verified K/V, read from the
+target's caches once per round (`caches.visible_kv`: exactly the last `sliding_window` positions for sliding
+layers, however often the ring buffer has wrapped or been rolled back; all positions for full layers). The
+query position is that of the round's first input token (the target's last sampled token, p + 1 when the
+cache holds positions 0..p) for every step, as in the transformers reference; drafted tokens reach the next
+step only through the fed-back `post_projection` state and their embedding.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..caches import visible_kv
+from ..models.gemma4_assistant import Gemma4Assistant
+from ..sampling import SamplingParams
+from ..target import Step, Target
+from . import Draft, draft_autoregressively
+
+
+def shared_kv_sources(target_model) -> dict[str, int]:
+    """Layer type -> index of the target's last non-KV-shared layer of that type (its cache holds the K/V)."""
+    text = target_model.language_model.model if hasattr(target_model, "language_model") else target_model.model
+    first_shared = len(text.layers) - text.config.num_kv_shared_layers
+    return {layer.layer_type: i for i, layer in enumerate(text.layers[:first_shared])}
+
+
+class AssistantDrafter:
+    name = "assistant"
+
+    def __init__(self, assistant: Gemma4Assistant, target: Target):
+        """`target` must return post-norm hidden states (`Target(..., hidden="post")`)."""
+        self.assistant, self.target = assistant, target
+        text = target.model.language_model.model if hasattr(target.model, "language_model") else target.model.model
+        self.embed, self.embed_scale, self.window = text.embed_tokens, text.embed_scale, text.window_size
+        self.sources = shared_kv_sources(target.model)
+
+    def begin(self, context: list[int], prompt_step: Step) -> None:
+        self.last_hidden = prompt_step.hidden[-1:] if len(context) > 1 else None
+
+    def shared_kv(self) -> dict:
+        return {kind: visible_kv(self.target.cache[i], self.window if kind == "sliding_attention" else None)
+                for kind, i in self.sources.items()}
+
+    def _step(self, token: mx.array) -> mx.array:
+        embedding = self.embed(token.reshape(1, 1)) * self.embed_scale
+        logits, self.hidden = self.assistant(embedding, self.hidden, self.kv, self.position)
+        return logits[0]
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
+        if k == 0 or self.last_hidden is None:
+            return Draft.empty()
+        self.kv, self.position, self.hidden = self.shared_kv(), len(context) - 1, self.last_hidden[None]
+        first_logits = self._step(mx.array(context[-1:], dtype=mx.int32))
+        return draft_autoregressively(first_logits, self._step, k, params, context, key)
+
+    def accept(self, context: list[int], accepted: int, step: Step) -> None:
+        self.last_hidden = step.hidden[-1:]  # at the last accepted position, whose logits gave context[-1]
