@@ -78,6 +78,11 @@ def unsupported_cache(caches: list) -> str | None:
     return None
 
 
+def trimmable(caches: list) -> bool:
+    """Whether any number of positions can be removed (full KV caches only)."""
+    return all(type(cache) in (KVCache, QuantizedKVCache) for cache in caches)
+
+
 def rollback(caches: list, n: int, slack: int) -> None:
     """Remove the last `n` positions from every layer's cache, exactly (n = 0 releases captured states)."""
     if n > slack:

@@ -114,16 +114,13 @@ def batch(args) -> int:
 
 def bench(args) -> int:
     from .bench import load_prompts, run_bench, svg_chart, table
-    from .loading import load_target
-    from .models.qwen3_5 import declared_mtp_layers
+    from .loading import available_drafters, load_target
 
     categories = load_prompts(args.suite, args.prompts)
     if args.model is None:
         print("no --model given: benchmarking the built-in tiny demo model (random weights)", file=sys.stderr)
     target = load_target(args.model, args.draft_model)
-    drafters = args.drafters.split(",") if args.drafters else (
-        ["mtp"] * (declared_mtp_layers(target.config) > 0)
-        + ["draft-model"] * bool(args.draft_model or target.default_draft_model) + ["ngram"])
+    drafters = args.drafters.split(",") if args.drafters else available_drafters(target, args.draft_model)
     total = sum(len(prompts) for _, prompts in categories.values()) * args.reps * (len(drafters) + 1)
     print(f"bench: {', '.join(['plain', *drafters])} on {len(categories)} categories, {total} runs of "
           f"{args.max_tokens} tokens, interleaved", file=sys.stderr)

@@ -87,7 +87,9 @@ class TextStream:
 
 
 class Engine:
-    """A target model, its tokenizer and an optional drafter. `stream` yields Token / Round / Done events."""
+    """A target model, its tokenizer and an optional drafter. `stream` yields Token / Round / Done events.
+    Engines built by `loading.make_engine` also carry `loaded` (the target in memory) and `options`, which
+    `loading.with_drafter` uses to make a sibling engine with another drafter on the same weights."""
 
     def __init__(self, target: Target, tokenizer, drafter: Drafter | None = None, draft_len: int | None = 4,
                  max_draft_len: int = 4):
@@ -97,6 +99,7 @@ class Engine:
                 raise SpecError(f"draft length must be between 0 and {MAX_DRAFT_LEN}, got {n}")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.max_draft_len = max_draft_len
+        self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
         self.pin(draft_len)
 
     def pin(self, draft_len: int | None) -> None:
@@ -122,8 +125,9 @@ class Engine:
         stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
         mx.reset_peak_memory()
         start = time.perf_counter()
-        self.target.reset()
-        prompt_step = self.target.prefill(context[:-1])
+        prompt_step = self.target.prefill(context[:-1], self.cached_context[:self.target.offset])
+        self.cached_context = context  # extended in place below, so it always describes the cache
+        stats.reused_prompt_tokens = prompt_step.start
         if self.drafter:
             self.drafter.begin(context, prompt_step)
         stats.prefill_seconds = time.perf_counter() - start
@@ -136,7 +140,11 @@ class Engine:
             key, round_key = mx.random.split(key)
             draft_len = self.policy.next_draft_len(max_tokens - len(generated))
             round_start = time.perf_counter()
-            draft_len, accepted, new_tokens = self.speculate_round(context, draft_len, params, round_key)
+            try:
+                draft_len, accepted, new_tokens = self.speculate_round(context, draft_len, params, round_key)
+            except Exception:
+                self.cached_context = []  # the cache may hold a half-finished round: never reuse it
+                raise
             self.policy.observe(draft_len, accepted, time.perf_counter() - round_start)
             context += new_tokens
             stats.record_round(draft_len, accepted)

@@ -18,6 +18,7 @@ from .drafters.ngram import NgramDrafter
 from .drafters.qwen_mtp import MTPDrafter
 from .engine import Engine
 from .errors import SpecError
+from .models import materialize
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.qwen3_5 import declared_mtp_layers, load_mtp, text_model
 from .target import Target
@@ -108,6 +109,7 @@ def load_checkpoint(path: Path, what: str):
         raise SpecError(f"{path} holds no model*.safetensors weights: re-download or re-convert the checkpoint")
     try:
         model, config = load_model(path)
+        materialize(model)
     except Exception as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SpecError(f"cannot load the {what} weights in {path} ({reason}): the files are corrupt, incomplete "
@@ -209,7 +211,21 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         chosen = DraftModelDrafter(draft, vocab_size(target.config), kv_bits, kv_group_size)
         if problem := chosen.runner.rollback_problem():
             raise SpecError(f"draft model {draft_path} cannot be used: {problem}")
-    return Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0))
+    engine = Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0))
+    engine.loaded, engine.options = target, dict(draft_model=draft_model, draft_len=draft_len, kv_bits=kv_bits,
+                                                 kv_group_size=kv_group_size, mtp_hidden=mtp_hidden)
+    return engine
+
+
+def available_drafters(target: LoadedTarget, draft_model: str | None = None) -> list[str]:
+    """The drafters this target can use ("off" aside): its MTP layer, a known draft model, n-gram."""
+    return (["mtp"] * (declared_mtp_layers(target.config) > 0)
+            + ["draft-model"] * bool(draft_model or target.default_draft_model) + ["ngram"])
+
+
+def with_drafter(engine: Engine, drafter: str) -> Engine:
+    """Another engine on the same target weights (loaded once), with `drafter` ("off" for none)."""
+    return make_engine(engine.loaded, drafter=drafter, **engine.options)
 
 
 def assistant_mismatch(assistant_cfg: dict, target_cfg: dict) -> str | None:

@@ -14,8 +14,9 @@ from mlx.utils import tree_flatten
 
 @dataclass
 class MemoryReport:
-    weights: int  # bytes of the target's and the drafter's parameters
-    kv_cache: int
+    weights: int  # bytes of the target's parameters
+    drafter_weights: int  # bytes of the drafter's own parameters (an MTP layer, a draft model, an assistant)
+    kv_cache: int  # the target's and the drafter's caches
     mlx_active: int
     mlx_peak: int
     mlx_cache: int
@@ -67,11 +68,9 @@ def pressure() -> tuple[str, str]:
 def report(engine) -> MemoryReport:
     """A snapshot for an Engine: its weights and caches, MLX's allocator, and the system."""
     drafter = engine.drafter
-    weights = parameter_bytes(engine.target.model)
-    weights += parameter_bytes(getattr(getattr(drafter, "runner", None), "model", None))
-    weights += parameter_bytes(getattr(drafter, "mtp", None))
-    kv = cache_bytes(engine.target.cache) + cache_bytes(getattr(getattr(drafter, "runner", None), "cache", None))
+    kv = cache_bytes(engine.target.cache) + cache_bytes(getattr(drafter, "caches", None))
     vm = psutil.virtual_memory()
     level, detail = pressure()
-    return MemoryReport(weights, kv, mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory(),
+    return MemoryReport(parameter_bytes(engine.target.model), parameter_bytes(getattr(drafter, "weights", None)), kv,
+                        mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory(),
                         vm.available, vm.total, level, detail)

@@ -12,6 +12,7 @@ class Stats:
     drafter: str = "off"
     policy: str = ""  # the draft-length policy's last decision and why
     prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # of those, already in the cache from the previous generation
     generated_tokens: int = 0
     rounds: int = 0  # target forward passes after the prefill
     drafted: int = 0
@@ -55,21 +56,23 @@ class Stats:
 
     @property
     def prefill_tps(self) -> float:
-        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+        ran = self.prompt_tokens - self.reused_prompt_tokens
+        return ran / self.prefill_seconds if self.prefill_seconds else 0.0
 
     @property
     def decode_tps(self) -> float:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
     def to_dict(self) -> dict:
-        names = ["drafter", "policy", "prompt_tokens", "generated_tokens", "rounds", "drafted", "accepted",
-                 "acceptance_rate", "mean_acceptance_length", "per_position_acceptance", "prefill_tps",
-                 "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory"]
+        names = ["drafter", "policy", "prompt_tokens", "reused_prompt_tokens", "generated_tokens", "rounds",
+                 "drafted", "accepted", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
+                 "prefill_tps", "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory"]
         return {name: getattr(self, name) for name in names}
 
     def summary(self) -> str:
         line = (f"{self.generated_tokens} tokens, {self.decode_tps:.1f} tok/s decode, "
-                f"{self.prefill_tps:.1f} tok/s prefill ({self.prompt_tokens} prompt tokens)")
+                f"{self.prefill_tps:.1f} tok/s prefill ({self.prompt_tokens} prompt tokens"
+                f"{f', {self.reused_prompt_tokens} cached' if self.reused_prompt_tokens else ''})")
         if self.drafter != "off":
             positions = " ".join(f"{a:.0%}" for a in self.per_position_acceptance)
             line += (f" | {self.drafter}: acceptance {self.acceptance_rate:.1%} "

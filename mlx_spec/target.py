@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .caches import RecurrentCache, make_caches, rollback, unsupported_cache
+from .caches import RecurrentCache, make_caches, rollback, trimmable, unsupported_cache
 from .models import qwen3_5
 
 MAX_DRAFT_LEN = 32
@@ -19,9 +19,11 @@ class Step:
 
     logits: mx.array | None  # (n, V): row j scores the token after input j (None after a prefill)
     hidden: mx.array | None = None  # (n, H): the final hidden state at each input, when a drafter needs it
+    start: int = 0  # the position of the first input (a prefill that reused a cached prefix starts later)
 
     def first(self, n: int) -> "Step":
-        return Step(None if self.logits is None else self.logits[:n], None if self.hidden is None else self.hidden[:n])
+        return Step(None if self.logits is None else self.logits[:n], None if self.hidden is None else self.hidden[:n],
+                    self.start)
 
 
 def _tapped_norm_call(self, x):
@@ -70,20 +72,40 @@ class Target:
         pre, post = self.norm.tapped
         return Step(logits, (post if self.hidden == "post" else pre)[0])
 
-    def prefill(self, tokens: list[int]) -> Step:
-        """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback.
-        Returns the hidden states of the prompt when they were asked for (no logits)."""
+    def reusable(self, cached: list[int], tokens: list[int]) -> int:
+        """How many leading cached positions (the cache holds `cached`) can stay for a prefill of `tokens`: their
+        common prefix, if the cache can be cut back to it, leaving at least one token to run."""
+        common = 0
+        for a, b in zip(cached[:self.offset], tokens[:-1]):
+            if a != b:
+                break
+            common += 1
+        if common == self.offset == len(cached):
+            return common
+        # a cut-back cache would leave drafters that read hidden states without those of the cut positions
+        return common if trimmable(self.cache) and self.norm is None else 0
+
+    def prefill(self, tokens: list[int], cached: list[int] = ()) -> Step:
+        """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback. The prefix
+        it shares with `cached` (what the cache holds now) is reused when the cache allows. Returns the hidden
+        states of the positions it ran when they were asked for (no logits)."""
+        keep = self.reusable(list(cached), tokens)
+        if keep:
+            rollback(self.cache, self.offset - keep, self.offset)
+            self.offset = keep
+        else:
+            self.reset()
         for cache in self.recurrent_caches:
             cache.capture = False
         hidden = []
-        for start in range(0, len(tokens), PREFILL_CHUNK):
+        for start in range(keep, len(tokens), PREFILL_CHUNK):
             step = self.forward(tokens[start:start + PREFILL_CHUNK])
             mx.eval([c.state for c in self.cache], step.hidden)
             hidden.append(step.hidden)
         for cache in self.recurrent_caches:
             cache.release()
             cache.capture = True
-        return Step(None, mx.concatenate(hidden) if self.norm is not None and hidden else None)
+        return Step(None, mx.concatenate(hidden) if self.norm is not None and hidden else None, keep)
 
     def rollback(self, n: int) -> None:
         """Remove the last n positions (n may be 0: that releases what was kept for a rollback)."""

@@ -74,7 +74,7 @@ def main():
     def mtp_step():
         logits = drafter._draft_step(mx.array([prompt[-1]]))
         mx.eval(logits)
-        drafter.cache[0].trim(1)
+        drafter.caches[0].trim(1)
         drafter.draft_rows -= 1
     print(f"  c = {median_ms(mtp_step, args.reps) / decode:.3f}   (one MTP draft step / one target decode step)")
 

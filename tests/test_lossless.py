@@ -94,3 +94,26 @@ def test_draft_with_a_padded_vocabulary(tiny, tmp_path):
     assert result.tokens == plain_greedy(tiny["qwen3"], ids, 80)
     sampled = mlx_spec.generate(engine, ids, max_tokens=80, temperature=1.5)
     assert max(sampled.tokens) < embed.shape[0] and sampled.stats.drafted > 0
+
+
+@pytest.mark.parametrize("family,options", [
+    ("qwen3", {"draft_model": "qwen3-draft"}), ("gemma3", {"draft_model": "gemma3-draft"}),
+    ("qwen3_5", {"drafter": "mtp"}), ("qwen3", {"drafter": "ngram"}),
+    ("gemma4", {"draft_model": "gemma4-assistant-trained"}),
+])
+def test_prompt_cache_is_reused_across_turns_exactly(tiny, family, options):
+    """A follow-up prompt that extends the last sequence runs only its new tokens; one that diverges keeps the
+    common prefix where the cache can be cut back (full KV) and starts over where it cannot. Either way the
+    output is plain decoding's."""
+    options = {k: str(tiny[v]) if k == "draft_model" else v for k, v in options.items()}
+    engine = mlx_spec.load(str(tiny[family]), draft_len=3, **options)
+    first = engine.encode(PROMPT)[:30]
+    answer = mlx_spec.generate(engine, first, max_tokens=30).tokens
+    follow_up = first + answer + engine.encode("\nclass B:\n")
+    result = mlx_spec.generate(engine, follow_up, max_tokens=40)
+    assert result.stats.reused_prompt_tokens == len(first) + len(answer) - 1
+    assert result.tokens == plain_greedy(tiny[family], follow_up, 40)
+    diverging = first[:20] + engine.encode("x = 1\n")
+    result = mlx_spec.generate(engine, diverging, max_tokens=40)
+    assert result.stats.reused_prompt_tokens == (20 if family == "qwen3" else 0)  # qwen3: full KV only
+    assert result.tokens == plain_greedy(tiny[family], diverging, 40)

@@ -128,7 +128,7 @@ def test_mtp_cache_is_rebuilt_from_verified_hidden_states(tiny, qwen35):
     assert result.stats.drafted > result.stats.accepted
     context = ids + result.tokens
     drafter = engine.drafter
-    rows = drafter.cache[0].offset  # MTP rows kept: one per target position whose successor is known
+    rows = drafter.caches[0].offset  # MTP rows kept: one per target position whose successor is known
     hidden = target_hidden(engine, context[: rows + 1])
     expected = mtp_reference(w, cfg, w["model.language_model.embed_tokens.weight"][context[1:rows + 1]],
                              hidden[:rows])
@@ -208,3 +208,22 @@ def test_mtp_failure_messages(tiny, tmp_path):
     assert_one_line_error(proc, "declares no MTP layer")
     proc = run_cli("convert", "--add-mtp", "--hf-path", str(tiny["qwen3_5"]), "--mlx-path", str(tmp_path))
     assert_one_line_error(proc, "not an MLX checkpoint")
+
+
+def test_mtp_rows_after_a_reused_prefix_equal_fresh_ones(tiny):
+    """A follow-up turn keeps the MTP rows of the cached prefix and rebuilds the last: the MTP cache and the
+    first draft's logits equal those of a fresh engine on the whole prompt."""
+    reused, fresh = (mlx_spec.load(str(tiny["qwen3_5"]), drafter="mtp", draft_len=2) for _ in range(2))
+    first = reused.encode(PROMPT)[:12]
+    follow_up = first + mlx_spec.generate(reused, first, max_tokens=10).tokens + [5, 6, 7]
+    starts = []
+    for engine, cached in ((reused, reused.cached_context[:reused.target.offset]), (fresh, [])):
+        step = engine.target.prefill(follow_up[:-1], cached)
+        engine.drafter.begin(follow_up, step)
+        starts.append(step.start)
+    assert starts == [len(follow_up) - 4, 0] and reused.target.offset == fresh.target.offset
+    rows = fresh.drafter.caches[0].offset
+    assert reused.drafter.caches[0].offset == rows == len(follow_up) - 1
+    np.testing.assert_allclose(np.array(reused.drafter.caches[0].keys[..., :rows, :]),
+                               np.array(fresh.drafter.caches[0].keys[..., :rows, :]), atol=1e-4)
+    np.testing.assert_allclose(np.array(reused.drafter.next_logits), np.array(fresh.drafter.next_logits), atol=1e-3)

@@ -48,9 +48,13 @@ def test_a_turn_streams_and_updates_the_statistics(engine, tmp_path):
             assert "tok/s decode" in str(app.screen.query_one("#speed").render())
             assert "memory pressure" in str(app.screen.query_one("#pressure").render())
             assert app.screen.history  # one entry per round
+            first_prompt = app.screen.last_stats.prompt_tokens
             await ask(app, pilot, "and again")  # a second turn, with the first in the chat history
             await wait_done(app, pilot)
             assert len(views(app, "assistant")) == 2 and len(app.screen.messages) == 4
+            # the first turn's prompt and answer were not prefilled again
+            assert app.screen.last_stats.reused_prompt_tokens >= first_prompt + 24 - 1
+            assert "prompt tokens cached" in str(app.screen.query_one("#speed").render())
             await pilot.press("ctrl+s")
             saved = list(tmp_path.glob("mlx-spec-chat-*.md"))
             assert saved and "**user:** hello" in saved[0].read_text()
@@ -89,6 +93,7 @@ def test_keys_change_speculation_temperature_and_chat(engine):
             assert app.params.temperature == pytest.approx(0.2)
             await pilot.press("f3")
             assert not views(app, "assistant")[-1].colour_drafts
+            assert type(views(app, "assistant")[-1].content).__name__ == "Group"  # rendered as Markdown
             await pilot.press("ctrl+n")
             await pilot.pause()
             assert not app.screen.messages and not list(app.screen.query(MessageView))
@@ -104,4 +109,24 @@ def test_errors_appear_in_the_interface(engine):
             errors = views(app, "error")
             assert errors and "max_tokens must be >= 1" in errors[0].text
             assert not app.screen.messages  # the failed turn is not kept
+    asyncio.run(run())
+
+
+def test_f8_switches_drafter_on_the_same_weights(engine):
+    async def run():
+        app = ChatApp(engine, SamplingParams(), 12, "tiny")
+        async with app.run_test(size=(100, 30)) as pilot:
+            assert "drafter 0.0 MiB" not in str(app.screen.query_one("#memory").render())  # the MTP layer
+            names = []
+            for _ in range(3):
+                await pilot.press("f8")
+                names.append(app.engine.drafter.name if app.engine.drafter else "off")
+                assert app.engine.target.model is engine.target.model  # loaded once, shared
+            assert names == ["ngram", "off", "mtp"]
+            await pilot.press("f8")
+            assert "drafter: ngram" in str(app.screen.query_one("#drafter").render())
+            assert "drafter 0.0 MiB" in str(app.screen.query_one("#memory").render())
+            await ask(app, pilot, "hi")
+            await wait_done(app, pilot)
+            assert views(app, "assistant")[-1].text and app.screen.last_stats.drafter == "ngram"
     asyncio.run(run())

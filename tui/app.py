@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from textual.app import App
 
+from mlx_spec import memory
 from mlx_spec.engine import Engine
 from mlx_spec.sampling import SamplingParams
 
@@ -15,10 +16,11 @@ class ChatApp(App):
     TITLE = "mlx-spec chat"
 
     def __init__(self, engine: Engine, params: SamplingParams, max_tokens: int = 512, model_name: str = "",
-                 transcript_dir: str = "."):
+                 transcript_dir: str = ".", memory_report=memory.report):
+        """memory_report(engine) -> MemoryReport feeds the panel (replaceable for reproducible screenshots)."""
         super().__init__()
         self.engine, self.params, self.max_tokens = engine, params, max_tokens
-        self.model_name, self.transcript_dir = model_name, transcript_dir
+        self.model_name, self.transcript_dir, self.memory_report = model_name, transcript_dir, memory_report
 
     def on_mount(self) -> None:
         self.sub_title = self.model_name

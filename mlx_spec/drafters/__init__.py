@@ -25,6 +25,9 @@ class Draft:
 
 
 class Drafter(Protocol):
+    """Drafters that hold weights or caches of their own also expose them as `weights` (a module) and
+    `caches` (a list), for the memory report."""
+
     name: str
 
     def begin(self, context: list[int], prompt_step: Step) -> None:

@@ -14,7 +14,14 @@ class DraftModelDrafter:
 
     def __init__(self, model, vocab_size: int, kv_bits: int | None = None, kv_group_size: int = 64):
         self.runner = Target(model, kv_bits, kv_group_size)
+        self.weights = model
         self.vocab_size = vocab_size  # the target's: padded vocabularies may differ by a few rows
+        self.context: list[int] = []  # the runner's cache holds context[:cached]
+        self.cached = 0
+
+    @property
+    def caches(self) -> list:
+        return self.runner.cache
 
     def _logits(self, tokens) -> mx.array:
         logits = self.runner.forward(tokens).logits[-1:]
@@ -26,9 +33,8 @@ class DraftModelDrafter:
         return logits
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
-        self.runner.reset()
-        self.runner.prefill(context[:-1])
-        self.cached = len(context) - 1  # context[:cached] is in the draft cache
+        self.runner.prefill(context[:-1], self.context[:self.cached])  # reuses the prefix it already holds
+        self.context, self.cached = context, len(context) - 1
         self.proposed_from = self.cached
 
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
@@ -42,4 +48,4 @@ class DraftModelDrafter:
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         valid = min(self.cached, self.proposed_from + accepted)
         self.runner.rollback(self.cached - valid)
-        self.cached = valid
+        self.context, self.cached = context, valid

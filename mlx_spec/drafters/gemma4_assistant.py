@@ -32,6 +32,7 @@ class AssistantDrafter:
     def __init__(self, assistant: Gemma4Assistant, target: Target):
         """`target` must return post-norm hidden states (`Target(..., hidden="post")`)."""
         self.assistant, self.target = assistant, target
+        self.weights = assistant
         text = target.model.language_model.model if hasattr(target.model, "language_model") else target.model.model
         self.embed, self.embed_scale, self.window = text.embed_tokens, text.embed_scale, text.window_size
         self.sources = shared_kv_sources(target.model)

@@ -22,23 +22,34 @@ class MTPDrafter:
 
     def __init__(self, mtp: MTP, target_model):
         """The target must be run with `Target(..., hidden=...)`: its Steps carry the hidden states fed here."""
-        self.mtp = mtp
+        self.mtp = self.weights = mtp
+        self.cachess: list = []
         self.embed, self.head = text_model(target_model).model.embed_tokens, lm_head(target_model)
+        self.last_hidden = None  # the target's hidden state at the last position of its cache
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
-        self.cache = make_caches(self.mtp, MAX_DRAFT_LEN + 1)
+        """Rows for every prompt position; when the target reused a cached prefix (it only extends its cache
+        for hidden-state drafters), the rows already built for it stay and the last one is rebuilt."""
+        first = prompt_step.start - 1  # the first row to (re)build
+        if first < 0:
+            self.caches, first, hidden = make_caches(self.mtp, MAX_DRAFT_LEN + 1), 0, prompt_step.hidden
+        else:
+            rows = self.caches[0].offset
+            rollback(self.caches, rows - first, rows)
+            hidden = mx.concatenate([self.last_hidden, prompt_step.hidden])
         self.draft_rows = 0  # rows added while drafting, dropped after verification
         self.next_logits = None  # scores the first draft of the next round
+        for start in range(first, len(context) - 1, PREFILL_CHUNK):
+            end = min(start + PREFILL_CHUNK, len(context) - 1)
+            self._rows(context[start + 1:end + 1], hidden[start - first:end - first])
+            mx.eval([c.state for c in self.caches])
         if len(context) > 1:
-            for start in range(0, len(context) - 1, PREFILL_CHUNK):
-                end = min(start + PREFILL_CHUNK, len(context) - 1)
-                self._rows(context[start + 1:end + 1], prompt_step.hidden[start:end])
-                mx.eval([c.state for c in self.cache])
+            self.last_hidden = hidden[-1:]
 
     def _rows(self, tokens, hidden: mx.array) -> mx.array:
         """Append MTP rows pairing embed(tokens[i]) with hidden[i]; returns the last row's logits."""
         tokens = mx.array(tokens, dtype=mx.int32) if isinstance(tokens, list) else tokens
-        self.mtp_hidden = self.mtp(self.embed(tokens)[None], hidden[None], self.cache)[0, -1:]
+        self.mtp_hidden = self.mtp(self.embed(tokens)[None], hidden[None], self.caches)[0, -1:]
         self.next_logits = self.head(self.mtp_hidden)
         return self.next_logits
 
@@ -52,6 +63,7 @@ class MTPDrafter:
         return draft_autoregressively(self.next_logits, self._draft_step, k, params, context, key)
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
-        rollback(self.cache, self.draft_rows, MAX_DRAFT_LEN + 1)
+        rollback(self.caches, self.draft_rows, MAX_DRAFT_LEN + 1)
         self.draft_rows = 0
         self._rows(context[-(accepted + 1):], step.hidden)
+        self.last_hidden = step.hidden[-1:]

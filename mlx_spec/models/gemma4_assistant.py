@@ -24,6 +24,7 @@ import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
 from ..errors import SpecError
+from . import materialize
 
 MODEL_TYPE = "gemma4_assistant"
 
@@ -126,5 +127,5 @@ def load_assistant(path: Path) -> Gemma4Assistant:
     except ValueError as e:
         raise SpecError(f"the weights in {path} do not fit a Gemma 4 assistant ({e}): re-download or "
                         "re-convert it") from None
-    mx.eval(assistant.parameters())
+    materialize(assistant)
     return assistant

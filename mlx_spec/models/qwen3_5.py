@@ -24,6 +24,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from ..caches import RecurrentCache
 from ..errors import SpecError
+from . import materialize
 
 
 @mx.compile
@@ -174,7 +175,7 @@ def build_mtp(config: dict, tensors: dict, zero_centred: bool, quantization: dic
         mtp.load_weights(list(split_fused_experts(weights, "layers.0.mlp").items()), strict=True)
     except ValueError as e:
         raise SpecError(f"the mtp.* tensors do not fit this model's MTP layer ({e})") from None
-    mx.eval(mtp.parameters())
+    materialize(mtp)
     return mtp
 
 

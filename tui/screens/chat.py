@@ -4,6 +4,7 @@ messages, so the interface never waits on the model."""
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
 import time
 from pathlib import Path
@@ -15,17 +16,17 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
-from mlx_spec import memory
 from mlx_spec.engine import Done, Round, Token
 from mlx_spec.errors import SpecError
+from mlx_spec.loading import available_drafters, with_drafter
 from mlx_spec.stats import Stats
 
 from ..widgets.message import MessageView
 from ..widgets.stats import StatsPanel
 
 HELP = ("Enter sends. Esc stops the answer (keeping what came). F2 speculation on/off, F3 colour drafted tokens, "
-        "F4/F5 draft length -/+ (pins it), F6/F7 temperature -/+, Ctrl+N new chat, Ctrl+S save transcript, "
-        "Ctrl+Q quit.")
+        "F4/F5 draft length -/+ (pins it), F6/F7 temperature -/+, F8 next drafter, Ctrl+N new chat, "
+        "Ctrl+S save transcript, Ctrl+Q quit.")
 
 
 class TokenArrived(Message):
@@ -61,6 +62,7 @@ class ChatScreen(Screen):
         Binding("f5", "draft_length(1)", "Draft +"),
         Binding("f6", "temperature(-0.1)", "Temp -"),
         Binding("f7", "temperature(0.1)", "Temp +"),
+        Binding("f8", "next_drafter", "Drafter"),
         Binding("ctrl+n", "new_chat", "New", priority=True),
         Binding("ctrl+s", "save", "Save", priority=True),
         Binding("f1", "help", "Help"),
@@ -77,6 +79,8 @@ class ChatScreen(Screen):
         self.last_stats: Stats | None = None
         self.answer: MessageView | None = None
         self.worker: threading.Thread | None = None
+        self.engines: dict = {}  # drafter name -> engine, built on first switch
+        self.sequence_text, self.sequence_ids = "", []  # the conversation so far, as text and as tokens
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -87,6 +91,9 @@ class ChatScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.requests: queue.Queue = queue.Queue()
+        self.worker = threading.Thread(target=self.serve, name="mlx-spec-generate")
+        self.worker.start()
         self.query_one("#prompt", Input).focus()
         self.notify_stats(Stats(drafter=self.engine.drafter.name if self.engine.drafter else "off",
                                 policy=self.engine.policy.note))
@@ -113,31 +120,48 @@ class ChatScreen(Screen):
         self.generate(list(self.messages))
 
     def generate(self, messages: list[dict]) -> None:
-        """Run the turn on a thread of its own (not daemonic, joined on unmount: MLX's per-thread state must
-        be torn down before the process exits) that posts messages back to the screen."""
-        self.worker = threading.Thread(target=self.run_turn, args=(messages,), name="mlx-spec-generate")
-        self.worker.start()
+        self.requests.put(messages)
+
+    def serve(self) -> None:
+        """Every turn runs on this one thread (not daemonic, joined on unmount): MLX arrays belong to the thread
+        that made them, and the prompt cache carries arrays from one turn to the next."""
+        while (messages := self.requests.get()) is not None:
+            self.run_turn(messages)
 
     def on_unmount(self) -> None:
         self.stop_requested = True
-        if self.worker is not None:
-            self.worker.join()
+        self.requests.put(None)
+        self.worker.join()
+
+    def prompt_ids(self, messages: list[dict]) -> tuple[str, list[int]]:
+        """The rendered conversation and its tokens: the tokens of the previous turns exactly as they were
+        prefilled and generated, then the new text, so the engine reuses its cache for all of the former."""
+        tokenizer = self.engine.tokenizer
+        rendered = (tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                    if tokenizer.has_chat_template else "\n".join(m["content"] for m in messages))
+        if self.sequence_ids and rendered.startswith(self.sequence_text):
+            new_text = rendered[len(self.sequence_text):]
+            return rendered, self.sequence_ids + tokenizer.encode(new_text, add_special_tokens=False)
+        return rendered, tokenizer.encode(rendered, add_special_tokens=False)
 
     def run_turn(self, messages: list[dict]) -> None:
-        tokenizer = self.engine.tokenizer
         try:
-            prompt = (tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-                      if tokenizer.has_chat_template else "\n".join(m["content"] for m in messages))
+            rendered, prompt = self.prompt_ids(messages)
+            answer_ids, answer_text = [], ""
             for event in self.engine.stream(prompt, self.app.params, self.app.max_tokens):
                 if self.stop_requested:
                     self.post_message(TurnDone(self.engine_stats(), "stopped", self.answer.text))
-                    return
-                if isinstance(event, Token) and event.text:
-                    self.post_message(TokenArrived(event.text, event.from_draft))
+                    break
+                if isinstance(event, Token):
+                    answer_ids += [event.id] if event.id >= 0 else []
+                    answer_text += event.text
+                    if event.text:
+                        self.post_message(TokenArrived(event.text, event.from_draft))
                 elif isinstance(event, Round):
                     self.post_message(RoundDone(1 + event.accepted))
                 elif isinstance(event, Done):
                     self.post_message(TurnDone(event.stats, event.stop_reason, event.text))
+            self.sequence_text, self.sequence_ids = rendered + answer_text, prompt + answer_ids
         except SpecError as e:
             self.post_message(TurnFailed(str(e)))
         except Exception as e:  # shown in the interface, never as a traceback over it
@@ -173,7 +197,7 @@ class ChatScreen(Screen):
             self.messages.pop()
 
     def notify_stats(self, stats: Stats) -> None:
-        self.query_one(StatsPanel).show(stats, self.history, self.plain_tps, memory.report(self.engine))
+        self.query_one(StatsPanel).show(stats, self.history, self.plain_tps, self.app.memory_report(self.engine))
 
     def action_stop(self) -> None:
         if self.generating:
@@ -188,6 +212,26 @@ class ChatScreen(Screen):
         for view in self.query(MessageView):
             view.colour_drafts = not view.colour_drafts
             view.refresh_text()
+
+    def action_next_drafter(self) -> None:
+        """Switch to the next drafter this model can use (then off); the weights stay loaded, once."""
+        if self.generating or not hasattr(self.engine, "loaded"):
+            return
+        choices = available_drafters(self.engine.loaded, self.engine.options["draft_model"]) + ["off"]
+        current = self.engine.drafter.name if self.engine.drafter else "off"
+        current = "draft-model" if current == "assistant" else current
+        choice = choices[(choices.index(current) + 1) % len(choices)] if current in choices else choices[0]
+        try:
+            self.app.engine = self.engines.get(choice) or with_drafter(self.engine, choice)
+        except SpecError as e:
+            self.add_message(MessageView("error", str(e)))
+            return
+        self.engines[choice] = self.app.engine
+        self.engine.pin(None if self.speculating else 0)
+        self.history.clear()
+        self.notify(f"drafter: {choice}")
+        self.notify_stats(Stats(drafter=self.engine.drafter.name if self.engine.drafter else "off",
+                                policy=self.engine.policy.note))
 
     def action_draft_length(self, change: int) -> None:
         current = getattr(self.engine.policy, "draft_len", 0) or 0
@@ -205,6 +249,7 @@ class ChatScreen(Screen):
             return
         self.messages.clear()
         self.history.clear()
+        self.sequence_text, self.sequence_ids = "", []
         self.query_one("#transcript", VerticalScroll).remove_children()
 
     def action_save(self) -> None:

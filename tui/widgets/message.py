@@ -1,7 +1,10 @@
-"""One chat message. Assistant text streams in; tokens the drafter got right can be shown in green."""
+"""One chat message. Assistant text streams in, either with the tokens the drafter got right in green or,
+with colouring off, rendered as Markdown."""
 
 from __future__ import annotations
 
+from rich.console import Group
+from rich.markdown import Markdown
 from rich.text import Text
 from textual.widgets import Static
 
@@ -25,11 +28,13 @@ class MessageView(Static):
     def refresh_text(self) -> None:
         label = {"user": "you", "assistant": "model", "error": "error"}[self.role]
         rendered = Text(f"{label}: ", style="bold")
+        status = Text(f"[{self.status}]", style="italic dim") if self.status else Text()
+        if self.role == "assistant" and not self.colour_drafts:
+            self.update(Group(rendered, Markdown(self.text), status))
+            return
         for segment, from_draft in self.segments:
             rendered.append(segment, style="green" if from_draft and self.colour_drafts else "")
-        if self.status:
-            rendered.append(f"  [{self.status}]", style="italic dim")
-        self.update(rendered)
+        self.update(rendered.append("  ").append_text(status))
 
     def on_mount(self) -> None:
         self.refresh_text()

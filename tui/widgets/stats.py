@@ -14,12 +14,12 @@ MIB = 2**20
 
 class StatsPanel(Vertical):
     def compose(self) -> ComposeResult:
-        yield Static("drafter: -", id="drafter")
-        yield Static("", id="acceptance")
+        yield Static("drafter: -", id="drafter", markup=False)
+        yield Static("", id="acceptance", markup=False)
         yield Sparkline([], id="history")
-        yield Static("", id="speed")
-        yield Static("", id="memory")
-        yield Static("", id="pressure")
+        yield Static("", id="speed", markup=False)
+        yield Static("", id="memory", markup=False)
+        yield Static("", id="pressure", markup=False)
 
     def show(self, stats: Stats, history: list[float], plain_tps: float | None, memory: MemoryReport) -> None:
         self.query_one("#drafter", Static).update(f"drafter: {stats.drafter}\n{stats.policy}")
@@ -27,12 +27,15 @@ class StatsPanel(Vertical):
         self.query_one("#acceptance", Static).update(
             f"acceptance {stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})\n"
             f"{stats.mean_acceptance_length:.2f} tokens/step\nper position [{positions}]")
-        self.query_one("#history", Sparkline).data = history[-60:] or [0.0]
+        self.query_one("#history", Sparkline).data = history[-60:]
         speedup = (f", {stats.decode_tps / plain_tps:.2f}x plain" if plain_tps
                    else " (one turn with F2 off measures plain decoding)")
-        self.query_one("#speed", Static).update(f"{stats.decode_tps:.1f} tok/s decode{speedup}")
+        cached = f", {stats.reused_prompt_tokens} of {stats.prompt_tokens} prompt tokens cached" \
+            if stats.reused_prompt_tokens else ""
+        self.query_one("#speed", Static).update(f"{stats.decode_tps:.1f} tok/s decode{speedup}{cached}")
         self.query_one("#memory", Static).update(
-            f"weights {memory.weights / MIB:.0f} MiB, KV {memory.kv_cache / MIB:.1f} MiB\n"
+            f"weights: model {memory.weights / MIB:.0f} MiB, drafter {memory.drafter_weights / MIB:.1f} MiB\n"
+            f"KV cache {memory.kv_cache / MIB:.1f} MiB\n"
             f"MLX active {memory.mlx_active / MIB:.0f}, peak {memory.mlx_peak / MIB:.0f}, "
             f"cache {memory.mlx_cache / MIB:.0f} MiB\n"
             f"system {memory.system_available / 2**30:.1f} of {memory.system_total / 2**30:.1f} GiB free")
