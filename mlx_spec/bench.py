@@ -103,9 +103,10 @@ def as_text(engine: Engine, prompt) -> str:
 
 
 def run_bench(target: LoadedTarget, drafters: list[str], categories: dict, max_tokens: int, reps: int,
-              draft_model: str | None = None, on_run=None) -> dict:
+              draft_model: str | None = None, on_run=None, draft_len: int | None = None) -> dict:
+    """draft_len: pinned for every drafter; None lets the adaptive policy choose, as users run it."""
     engines = {"plain": make_engine(target, drafter="off")}
-    engines.update({name: make_engine(target, draft_model, name) for name in drafters})
+    engines.update({name: make_engine(target, draft_model, name, draft_len) for name in drafters})
     runs = []
     for category, (temperature, prompts) in categories.items():
         params = SamplingParams(temperature=temperature)

@@ -46,11 +46,10 @@ def sampling_params(args):
 
 def load_engine(args):
     from . import linux_blas
-    from .loading import load, registry
+    from .loading import DEMO_NOTICE, load, registry
 
     if args.model is None:
-        print("no --model given: using the built-in tiny demo model (random weights, its text is noise); "
-              "run a real one with --model mlx-community/Qwen3-8B-4bit or a local directory", file=sys.stderr)
+        print(DEMO_NOTICE, file=sys.stderr)
     engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size,
                   args.mtp_hidden)
     if note := registry().get(args.model or "", {}).get("note"):
@@ -114,11 +113,12 @@ def batch(args) -> int:
 
 def bench(args) -> int:
     from .bench import load_prompts, run_bench, svg_chart, table
-    from .loading import available_drafters, load_target
+    from .loading import DEMO, DEMO_NOTICE, available_drafters, load_target
 
-    categories = load_prompts(args.suite, args.prompts)
+    demo_prompts = str(DEMO / "prompts.jsonl") if args.model is None and args.suite is None else None
+    categories = load_prompts(args.suite, args.prompts or demo_prompts)
     if args.model is None:
-        print("no --model given: benchmarking the built-in tiny demo model (random weights)", file=sys.stderr)
+        print(DEMO_NOTICE.replace("using", "benchmarking"), file=sys.stderr)
     target = load_target(args.model, args.draft_model)
     drafters = args.drafters.split(",") if args.drafters else available_drafters(target, args.draft_model)
     total = sum(len(prompts) for _, prompts in categories.values()) * args.reps * (len(drafters) + 1)
@@ -129,7 +129,8 @@ def bench(args) -> int:
     def progress(run):
         done.append(run)
         print(f"\r  {len(done)}/{total} runs", end="", file=sys.stderr, flush=True)
-    report = run_bench(target, drafters, categories, args.max_tokens, args.reps, args.draft_model, progress)
+    report = run_bench(target, drafters, categories, args.max_tokens, args.reps, args.draft_model, progress,
+                       args.num_draft)
     print(file=sys.stderr)
     print(table(report))
     if args.json:
@@ -142,8 +143,11 @@ def bench(args) -> int:
 def chat(args) -> int:
     from tui.app import ChatApp
 
+    from .loading import DEMO_NOTICE
+
     engine = load_engine(args)
-    ChatApp(engine, sampling_params(args), args.max_tokens, args.model or "built-in demo model").run()
+    notice = "" if args.model else DEMO_NOTICE
+    ChatApp(engine, sampling_params(args), args.max_tokens, args.model or "built-in demo model", notice=notice).run()
     return 0
 
 
@@ -170,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(ben)
     ben.add_argument("--drafters", help="comma-separated drafters to compare with plain decoding "
                                         "(default: every one available for the model)")
-    ben.add_argument("--suite", choices=["spec", "quick"], help="built-in prompt suite (default: spec)")
+    ben.add_argument("--suite", choices=["spec", "quick"], help="built-in prompt suite (default: spec; "
+                     "for the demo model, held-out code prompts from its training report)")
     ben.add_argument("--prompts", help="JSONL file of {\"prompt\" or \"messages\", \"category\", \"temperature\"}")
     ben.add_argument("--max-tokens", type=int, default=128)
     ben.add_argument("--reps", type=int, default=1, help="repetitions of every prompt and contender")

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,19 +33,10 @@ def registry() -> dict:
     return tomllib.loads(REGISTRY.read_text())["models"]
 
 
-def default_model_dir() -> Path:
-    """The built-in offline model, built on first use (tiny, random weights)."""
-    root = Path(os.environ.get("MLX_SPEC_HOME", Path.home() / ".cache" / "mlx-spec")) / "tiny-demo"
-    if not (root / "target" / "model.safetensors").exists():
-        from .tiny import build_checkpoint, build_layer_skip_draft, build_tokenizer
-
-        root.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=root.parent, prefix=".tiny-demo-"))
-        target = build_checkpoint(work / "target", "qwen3", build_tokenizer(work / "tokenizer"), seed=0)
-        build_layer_skip_draft(work / "draft", target, keep_layers=2)
-        shutil.rmtree(root, ignore_errors=True)
-        work.rename(root)  # atomic: nothing half-written is ever used
-    return root
+DEMO = Path(__file__).with_name("demo")  # written by scripts/train_demo.py; see demo/report.md
+DEMO_NOTICE = ("no --model given: using the built-in demo, a tiny code model trained on Python's standard library "
+               "(Qwen3.5 layout with its MTP layer, plus a small draft model; mlx_spec/demo/report.md); it "
+               "continues the code you give it. Run a real model with --model qwen3.6-27b, a hub id or a directory")
 
 
 def resolve(name: str, files: list[str] = HUB_PATTERNS) -> Path:
@@ -157,8 +145,7 @@ def load_target(model: str | None, draft_model: str | None = None) -> LoadedTarg
     """Resolve and load a target; `draft_model` (when one will be used) is counted in the memory check."""
     entry = registry().get(model, {}) if model else {}
     if model is None:
-        path = default_model_dir()
-        target_path, default_draft = path / "target", str(path / "draft")
+        target_path, default_draft = DEMO / "demo", str(DEMO / "demo-draft")
     else:
         target_path, default_draft = resolve(model), entry.get("draft_model")
     check_memory(target_path, resolve(draft_model) if draft_model else None)
@@ -170,9 +157,11 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                 draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
                 mtp_hidden: str = "post") -> Engine:
     """An Engine around a loaded target with the chosen drafter (see `load` for the arguments)."""
-    draft_model = draft_model or target.default_draft_model
     declares_mtp = declared_mtp_layers(target.config) > 0
-    drafter = drafter or ("draft-model" if draft_model else "mtp" if declares_mtp else "ngram")
+    # default: a draft model given here, else the checkpoint's own MTP layer, else a known draft, else n-gram
+    drafter = drafter or ("draft-model" if draft_model else "mtp" if declares_mtp else
+                          "draft-model" if target.default_draft_model else "ngram")
+    draft_model = draft_model or target.default_draft_model
     if drafter not in DRAFTERS:
         raise SpecError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
     if drafter == "draft-model" and not draft_model:

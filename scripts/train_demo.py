@@ -64,6 +64,20 @@ def read(files: list[Path]) -> list[str]:
     return [p.read_text(encoding="utf-8", errors="replace") for p in files]
 
 
+def write_prompts(path: Path, held_files: list[Path], count: int = 12) -> None:
+    """Code-completion prompts from held-out files (the lines up to a function's first body lines), in the
+    JSONL form `mlx-spec bench --prompts` reads."""
+    lines_out = []
+    for file in held_files:
+        lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
+        starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("def ") and i > 3]
+        if starts and len(lines_out) < count:
+            i = starts[len(starts) // 2]
+            prompt = "\n".join(lines[max(0, i - 8):i + 3]) + "\n"
+            lines_out.append(json.dumps({"category": "held-out code", "prompt": prompt, "temperature": 0.0}))
+    path.write_text("\n".join(lines_out) + "\n")
+
+
 def encode(tokenizer, texts: list[str], eos: int) -> np.ndarray:
     ids = []
     for text in texts:
@@ -312,6 +326,7 @@ def main(argv=None):
         curve=curve, held_out=held_out, export_max_diff=max_diff, quantization_bits=args.q_bits,
     )
     report(mlx_dir, info)
+    write_prompts(mlx_dir / "prompts.jsonl", held_files)
     print(f"wrote {mlx_dir}/demo, {mlx_dir}/demo-draft and {mlx_dir}/report.md")
 
 

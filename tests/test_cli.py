@@ -33,14 +33,6 @@ def test_generate_streams_text_and_a_summary(tiny):
     assert summary.startswith("[max_tokens] 30 tokens") and "ngram: acceptance" in summary and "tok/s" in summary
 
 
-def test_default_model_runs_offline_and_says_so(tmp_path):
-    proc = run_cli("generate", "--prompt", "def add(a, b):", "--max-tokens", "8",
-                   env={"MLX_SPEC_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 0, proc.stderr
-    assert "built-in tiny demo model" in proc.stderr and "draft-model" in proc.stderr
-    assert (tmp_path / "tiny-demo" / "target" / "model.safetensors").exists()
-
-
 def test_stop_string_ends_generation(tiny):
     engine = mlx_spec.load(str(tiny["qwen3"]), drafter="ngram")
     full = mlx_spec.generate(engine, PROMPT, max_tokens=40).text

@@ -16,9 +16,11 @@ class ChatApp(App):
     TITLE = "mlx-spec chat"
 
     def __init__(self, engine: Engine, params: SamplingParams, max_tokens: int = 512, model_name: str = "",
-                 transcript_dir: str = ".", memory_report=memory.report):
-        """memory_report(engine) -> MemoryReport feeds the panel (replaceable for reproducible screenshots)."""
+                 transcript_dir: str = ".", memory_report=memory.report, notice: str = ""):
+        """memory_report(engine) -> MemoryReport feeds the panel (replaceable for reproducible screenshots);
+        notice: shown first in the transcript (which model this is, when the user did not choose one)."""
         super().__init__()
+        self.notice = notice
         self.engine, self.params, self.max_tokens = engine, params, max_tokens
         self.model_name, self.transcript_dir, self.memory_report = model_name, transcript_dir, memory_report
 

@@ -95,6 +95,8 @@ class ChatScreen(Screen):
         self.worker = threading.Thread(target=self.serve, name="mlx-spec-generate")
         self.worker.start()
         self.query_one("#prompt", Input).focus()
+        if self.app.notice:
+            self.add_message(MessageView("note", self.app.notice))
         self.notify_stats(Stats(drafter=self.engine.drafter.name if self.engine.drafter else "off",
                                 policy=self.engine.policy.note))
 

@@ -26,7 +26,7 @@ class MessageView(Static):
         self.refresh_text()
 
     def refresh_text(self) -> None:
-        label = {"user": "you", "assistant": "model", "error": "error"}[self.role]
+        label = {"user": "you", "assistant": "model", "error": "error", "note": "note"}[self.role]
         rendered = Text(f"{label}: ", style="bold")
         status = Text(f"[{self.status}]", style="italic dim") if self.status else Text()
         if self.role == "assistant" and not self.colour_drafts:

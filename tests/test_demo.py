@@ -1,0 +1,54 @@
+"""The shipped demo model (mlx_spec/demo, made by scripts/train_demo.py): its files, its MTP layer, lossless
+generation with every drafter, drafts that are right well above chance, and the offline default commands."""
+
+import json
+
+import mlx.core as mx
+import pytest
+from helpers import plain_greedy, run_cli
+
+import mlx_spec
+from mlx_spec.loading import DEMO
+
+CODE = "import os\n\n\ndef list_python_files(root):\n    \"\"\"Return the .py files under root.\"\"\"\n"
+
+
+def test_shipped_files_are_complete_and_small():
+    target, draft = DEMO / "demo", DEMO / "demo-draft"
+    for path in (target, draft):
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            assert (path / name).is_file(), f"{path / name} missing"
+    config = json.loads((target / "config.json").read_text())
+    assert config["model_type"] == "qwen3_5" and config["text_config"]["mtp_num_hidden_layers"] == 1
+    assert {"linear_attention", "full_attention"} == set(config["text_config"]["layer_types"])
+    mtp = mx.load(str(target / "mtp.safetensors"))
+    assert all(name.startswith("mtp.") for name in mtp) and "mtp.fc.weight" in mtp
+    assert "mtp.layers.0.self_attn.q_proj.scales" in mtp  # quantized with the model
+    assert sum(f.stat().st_size for f in DEMO.rglob("*") if f.is_file()) < 12 * 2**20
+    report = json.loads((DEMO / "report.json").read_text())
+    assert report["held_out"]["mtp_agrees_with_target"] > 20 / report["vocab"]  # far above chance
+    assert (DEMO / "report.md").read_text().startswith("# mlx-spec demo model")
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "draft-model", "ngram"])
+def test_every_drafter_is_lossless_on_the_demo(drafter):
+    engine = mlx_spec.load(drafter=drafter, draft_len=3)
+    ids = engine.encode(CODE)
+    result = mlx_spec.generate(engine, ids, max_tokens=48)
+    assert result.tokens == plain_greedy(DEMO / "demo", ids, 48)
+    if drafter != "ngram":  # a trained drafter is right often on code it has not seen
+        assert result.stats.acceptance_rate > 0.3, result.stats.summary()
+
+
+def test_demo_writes_python():
+    result = mlx_spec.generate(mlx_spec.load(), CODE, max_tokens=64)
+    assert result.stats.drafter == "mtp"  # the default drafter of a checkpoint with an MTP layer
+    text = result.text
+    assert any(word in text for word in ("return", "if ", "for ", "os.", "self", "(")), text
+
+
+def test_default_commands_run_offline_and_say_so():
+    proc = run_cli("generate", "--prompt", "def add(a, b):", "--max-tokens", "16", env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "built-in demo" in proc.stderr and "--model" in proc.stderr and "drafter: mtp" in proc.stderr
+    assert proc.stdout.strip()
