@@ -19,9 +19,14 @@ from ..target import Step, Target
 from . import Draft, draft_autoregressively
 
 
+def text_model(target_model):
+    """The Gemma 4 text model (inside the multimodal `gemma4` Model, or a `gemma4_text` Model's own)."""
+    return getattr(target_model, "language_model", target_model).model
+
+
 def shared_kv_sources(target_model) -> dict[str, int]:
     """Layer type -> index of the target's last non-KV-shared layer of that type (its cache holds the K/V)."""
-    text = target_model.language_model.model if hasattr(target_model, "language_model") else target_model.model
+    text = text_model(target_model)
     first_shared = len(text.layers) - text.config.num_kv_shared_layers
     return {layer.layer_type: i for i, layer in enumerate(text.layers[:first_shared])}
 
@@ -33,7 +38,7 @@ class AssistantDrafter:
         """`target` must return post-norm hidden states (`Target(..., hidden="post")`)."""
         self.assistant, self.target = assistant, target
         self.weights = assistant
-        text = target.model.language_model.model if hasattr(target.model, "language_model") else target.model.model
+        text = text_model(target.model)
         self.embed, self.embed_scale, self.window = text.embed_tokens, text.embed_scale, text.window_size
         self.sources = shared_kv_sources(target.model)
 
