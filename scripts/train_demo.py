@@ -240,7 +240,7 @@ def report(out: Path, info: dict) -> None:
         f"| MTP greedy guess = target's greedy choice | {ev['mtp_agrees_with_target']:.3f} |",
         f"| draft greedy guess = target's greedy choice | {ev['draft_agrees_with_target']:.3f} |",
         f"| chance (1 / vocabulary) | {1 / info['vocab']:.4f} |", "",
-        "Loss curve (every 100 steps: target / MTP / draft):", "",
+        "Loss curve (training loss, mean of the last 100 steps or fewer: target / MTP / draft):", "",
         *[f"    step {s:5d}  {a:.3f} / {b:.3f} / {c:.3f}" for s, a, b, c in info["curve"]], "",
     ]
     (out / "report.md").write_text("\n".join(lines))
