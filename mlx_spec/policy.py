@@ -54,9 +54,14 @@ class AdaptiveDraftLength:
             break_even = self.slope / self.plain_time
             if k == 0 and self.rounds % self.probe_every == 0:
                 k = 1  # a cheap probe: has the text become predictable?
-            self.note = (f"draft length {k}: expected {self.expected_tokens(k):.2f} tokens/round" if k else
-                         f"drafting off: recent first-draft acceptance {self.acceptance[0]:.0%} is below "
-                         f"break-even {break_even:.0%}")
+            if k:
+                self.note = f"draft length {k}: expected {self.expected_tokens(k):.2f} tokens/round"
+            elif break_even > 1:
+                self.note = (f"drafting off: one draft costs {break_even:.2f} plain steps here, more than even an "
+                             "always-right draft gains")
+            else:
+                self.note = (f"drafting off: recent first-draft acceptance {self.acceptance[0]:.0%} is below "
+                             f"break-even {break_even:.0%}")
         self.draft_len = k
         return max(0, min(k, remaining - 1))
 

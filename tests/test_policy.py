@@ -73,3 +73,11 @@ def test_pinned_draft_length_is_honoured(tiny):
     rounds = [e for e in mlx_spec.stream(engine, PROMPT, max_tokens=60) if isinstance(e, mlx_spec.Round)]
     assert {e.draft_len for e in rounds[:-3]} == {3}
     assert engine.policy.note == "draft length 3 (pinned)"
+
+
+def test_drafts_dearer_than_a_plain_step_are_named_as_such():
+    policy = AdaptiveDraftLength(max_len=3, probe_every=8)
+    run_rounds(policy, 43, lambda r: 3, per_draft=1.5)  # always right, but each draft costs 1.5 plain steps
+    assert policy.draft_len == 0  # round 43: not a probe
+    assert policy.note == ("drafting off: one draft costs 1.50 plain steps here, more than even an always-right "
+                           "draft gains")
