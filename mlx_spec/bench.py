@@ -35,6 +35,17 @@ def median_ms(fn, reps: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def interleaved(engines: dict, prompt, max_tokens: int, reps: int = 3) -> dict:
+    """name -> (median decode tok/s, the last run's Stats), running the engines alternately so that drift
+    hits every contender alike."""
+    speeds, stats = {name: [] for name in engines}, {}
+    for _ in range(reps):
+        for name, engine in engines.items():
+            stats[name] = engine.generate(prompt, max_tokens=max_tokens).stats
+            speeds[name].append(stats[name].decode_tps)
+    return {name: (statistics.median(speeds[name]), stats[name]) for name in engines}
+
+
 # Spec-Bench's spirit: the kinds of work where drafting is known to help, and where it is known not to.
 SUITES = {
     "spec": {

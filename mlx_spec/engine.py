@@ -125,7 +125,7 @@ class Engine:
         stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
         mx.reset_peak_memory()
         start = time.perf_counter()
-        cached, self.cached_context = self.cached_context[:self.target.offset], []  # unknown if prefill fails
+        cached, self.cached_context = self.cached_context, []  # unknown while the prefill runs
         prompt_step = self.target.prefill(context[:-1], cached)
         self.cached_context = context  # extended in place below, so it always describes the cache
         stats.reused_prompt_tokens = prompt_step.start

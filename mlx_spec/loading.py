@@ -255,9 +255,10 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
     draft_len: drafts per round, pinned; None (default) lets the adaptive policy choose between 0 (plain
     decoding) and the models.toml recommendation or the drafter's default maximum.
-    drafter: "mtp" (the checkpoint's own multi-token prediction layer), "draft-model" (needs draft_model, or a
-    models.toml entry that names one), "ngram" or "off"; default: the draft model when one is known, else the
-    MTP layer when the checkpoint declares one, else "ngram".
+    drafter: "mtp" (the checkpoint's own multi-token prediction layer), "draft-model" (a draft model or a Gemma 4
+    assistant: draft_model, or a models.toml entry that names one), "ngram" or "off"; default: draft_model when
+    given, else the MTP layer when the checkpoint declares one, else a draft model models.toml names, else
+    "ngram".
     mtp_hidden: the target hidden state fed to the MTP layer, after ("post", as the reference implementations)
     or before ("pre") the final norm.
     """

@@ -73,14 +73,15 @@ class Target:
         return Step(logits, (post if self.hidden == "post" else pre)[0])
 
     def reusable(self, cached: list[int], tokens: list[int]) -> int:
-        """How many leading cached positions (the cache holds `cached`) can stay for a prefill of `tokens`: their
-        common prefix, if the cache can be cut back to it, leaving at least one token to run."""
+        """How many leading cached positions (`cached`: what the cache holds, or less when unknown) can stay for
+        a prefill of `tokens`: their common prefix, if the cache can be cut back to it, leaving at least one
+        token to run."""
         common = 0
         for a, b in zip(cached[:self.offset], tokens[:-1]):
             if a != b:
                 break
             common += 1
-        if common == self.offset == len(cached):
+        if common == self.offset:
             return common
         # a cut-back cache would leave drafters that read hidden states without those of the cut positions
         return common if trimmable(self.cache) and self.norm is None else 0
@@ -89,7 +90,7 @@ class Target:
         """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback. The prefix
         it shares with `cached` (what the cache holds now) is reused when the cache allows. Returns the hidden
         states of the positions it ran when they were asked for (no logits)."""
-        keep = self.reusable(list(cached), tokens)
+        keep = self.reusable(cached, tokens)
         if keep:
             rollback(self.cache, self.offset - keep, self.offset)
             self.offset = keep

@@ -13,7 +13,6 @@ trained Gemma: read the ratios, not the absolute rates.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx_spec  # noqa: E402
 from mlx_spec import linux_blas, tiny  # noqa: E402
-from mlx_spec.bench import median_ms  # noqa: E402
+from mlx_spec.bench import interleaved, median_ms  # noqa: E402
 from mlx_spec.sampling import SamplingParams  # noqa: E402
 
 
@@ -73,17 +72,11 @@ def main():
     runs = {"off": plain, **engines}
     for e in runs.values():
         e.tokenizer.eos_token_ids = []
-    speeds, stats = {name: [] for name in runs}, {}
-    for _ in range(3):
-        for name, e in runs.items():
-            result = e.generate(prompt, max_tokens=args.tokens)
-            speeds[name].append(result.stats.decode_tps)
-            stats[name] = result.stats
-    base = statistics.median(speeds["off"])
-    for name in runs:
-        tps = statistics.median(speeds[name])
-        per_position = [round(rate, 2) for rate in stats[name].per_position_acceptance]
-        extra = f", acceptance {stats[name].acceptance_rate:.0%}, per position {per_position}" if name != "off" else ""
+    results = interleaved(runs, prompt, args.tokens)
+    base = results["off"][0]
+    for name, (tps, stats) in results.items():
+        per_position = [round(rate, 2) for rate in stats.per_position_acceptance]
+        extra = f", acceptance {stats.acceptance_rate:.0%}, per position {per_position}" if name != "off" else ""
         print(f"  {name:22s} {tps:7.2f} tok/s  {tps / base:.2f}x{extra}")
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx_spec  # noqa: E402
 from mlx_spec import linux_blas, tiny  # noqa: E402
+from mlx_spec.bench import interleaved  # noqa: E402
 from mlx_spec.drafters import Draft  # noqa: E402
 from mlx_spec.engine import Engine  # noqa: E402
 from mlx_spec.target import Target  # noqa: E402
@@ -52,11 +52,7 @@ class ScriptedDrafter:
 
 
 def tokens_per_second(engines: dict, ids: list[int], n: int, reps: int) -> dict:
-    speeds = {name: [] for name in engines}
-    for _ in range(reps):
-        for name, engine in engines.items():
-            speeds[name].append(engine.generate(ids, max_tokens=n).stats.decode_tps)
-    return {name: statistics.median(v) for name, v in speeds.items()}
+    return {name: tps for name, (tps, _) in interleaved(engines, ids, n, reps).items()}
 
 
 def main():

@@ -15,7 +15,6 @@ forward costs k single-token ones on Linux):
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx_spec  # noqa: E402
 from mlx_spec import linux_blas, tiny  # noqa: E402
-from mlx_spec.bench import median_ms  # noqa: E402
+from mlx_spec.bench import interleaved, median_ms  # noqa: E402
 from mlx_spec.target import Target  # noqa: E402
 
 
@@ -82,17 +81,10 @@ def main():
             "mtp k=2": mlx_spec.load(str(path), draft_len=2)}
     for e in runs.values():
         e.tokenizer.eos_token_ids = []
-    speeds = {name: [] for name in runs}
-    stats = {}
-    for _ in range(3):
-        for name, e in runs.items():
-            result = e.generate(prompt, max_tokens=args.tokens)
-            speeds[name].append(result.stats.decode_tps)
-            stats[name] = result.stats
-    base = statistics.median(speeds["off"])
-    for name in runs:
-        tps = statistics.median(speeds[name])
-        extra = f", acceptance {stats[name].acceptance_rate:.0%}" if name != "off" else ""
+    results = interleaved(runs, prompt, args.tokens)
+    base = results["off"][0]
+    for name, (tps, stats) in results.items():
+        extra = f", acceptance {stats.acceptance_rate:.0%}" if name != "off" else ""
         print(f"  {name:8s} {tps:6.2f} tok/s  {tps / base:.2f}x{extra}")
 
 

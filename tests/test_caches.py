@@ -74,8 +74,8 @@ def test_draft_model_cache_holds_exactly_the_accepted_context(tiny, family):
     result = mlx_spec.generate(engine, ids, max_tokens=120, temperature=1.0, seed=1)
     drafter = engine.drafter
     assert 0 < result.stats.accepted < result.stats.drafted
-    context = (ids + result.tokens)[: drafter.cached]
-    assert drafter.runner.offset == drafter.cached > 100
+    context = (ids + result.tokens)[: drafter.runner.offset]
+    assert drafter.context[: drafter.runner.offset] == context and drafter.runner.offset > 100
     fresh = Target(drafter.runner.model)
     probe = [7]
     np.testing.assert_allclose(np.array(drafter.runner.forward(probe).logits),

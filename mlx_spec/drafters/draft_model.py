@@ -16,8 +16,7 @@ class DraftModelDrafter:
         self.runner = Target(model, kv_bits, kv_group_size)
         self.weights = model
         self.vocab_size = vocab_size  # the target's: padded vocabularies may differ by a few rows
-        self.context: list[int] = []  # the runner's cache holds context[:cached]
-        self.cached = 0
+        self.context: list[int] = []  # the runner's cache holds context[:runner.offset]
 
     @property
     def caches(self) -> list:
@@ -33,19 +32,17 @@ class DraftModelDrafter:
         return logits
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
-        self.runner.prefill(context[:-1], self.context[:self.cached])  # reuses the prefix it already holds
-        self.context, self.cached = context, len(context) - 1
-        self.proposed_from = self.cached
+        self.runner.prefill(context[:-1], self.context)  # reuses the prefix it already holds
+        self.context, self.proposed_from = context, self.runner.offset
 
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
         self.proposed_from = len(context)
         if k == 0:
             return Draft.empty()
-        draft = draft_autoregressively(self._logits(context[self.cached:]), self._logits, k, params, context, key)
-        self.cached = len(context) + k - 1  # the last draft was never fed
-        return draft
+        first_logits = self._logits(context[self.runner.offset:])
+        return draft_autoregressively(first_logits, self._logits, k, params, context, key)  # the last is not fed
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
-        valid = min(self.cached, self.proposed_from + accepted)
-        self.runner.rollback(self.cached - valid)
-        self.context, self.cached = context, valid
+        valid = min(self.runner.offset, self.proposed_from + accepted)
+        self.runner.rollback(self.runner.offset - valid)
+        self.context = context

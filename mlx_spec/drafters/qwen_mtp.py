@@ -23,7 +23,7 @@ class MTPDrafter:
     def __init__(self, mtp: MTP, target_model):
         """The target must be run with `Target(..., hidden=...)`: its Steps carry the hidden states fed here."""
         self.mtp = self.weights = mtp
-        self.cachess: list = []
+        self.caches: list = []
         self.embed, self.head = text_model(target_model).model.embed_tokens, lm_head(target_model)
         self.last_hidden = None  # the target's hidden state at the last position of its cache
 

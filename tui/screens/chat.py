@@ -78,7 +78,8 @@ class ChatScreen(Screen):
         self.plain_tps: float | None = None
         self.last_stats: Stats | None = None
         self.answer: MessageView | None = None
-        self.worker: threading.Thread | None = None
+        self.requests: queue.Queue = queue.Queue()  # conversations to answer; None ends the worker
+        self.worker = threading.Thread(target=self.serve, name="mlx-spec-generate")
         self.engines: dict = {}  # drafter name -> engine, built on first switch
         self.sequence_text, self.sequence_ids = "", []  # the conversation so far, as text and as tokens
 
@@ -91,8 +92,6 @@ class ChatScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.requests: queue.Queue = queue.Queue()
-        self.worker = threading.Thread(target=self.serve, name="mlx-spec-generate")
         self.worker.start()
         self.query_one("#prompt", Input).focus()
         if self.app.notice:
