@@ -10,6 +10,7 @@ first drops a torn last line left by a crash.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, fields
@@ -18,74 +19,116 @@ from typing import Iterator
 
 from .engine import Engine
 from .errors import SpecError
+from .files import check_writable, read_lines
+from .prompts import render_prompt
 from .sampling import SamplingParams
 
 SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
 KNOWN_FIELDS = SAMPLING_FIELDS | {"id", "prompt", "messages", "raw", "max_tokens", "stop", "seed"}
+MAX_SEED = 2**64  # mx.random.key takes an unsigned 64-bit seed
 
 
 @dataclass
 class Request:
     id: str
-    prompt: str | list[int]
+    line: int
+    prompt: list[int]
     params: SamplingParams
     max_tokens: int
     stop: list[str]
     seed: int
 
 
-def parse_request(line: str, engine: Engine, default_max_tokens: int) -> Request:
+def whole_number(item: dict, key: str, default: int, least: int) -> int:
+    value = item.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise SpecError(f"\"{key}\" must be a whole number >= {least}, got {value!r}")
+    return value
+
+
+def parse_request(line: str, number: int, engine: Engine, default_max_tokens: int,
+                  defaults: SamplingParams = SamplingParams(), default_seed: int = 0) -> Request:
     """One input line -> Request, or SpecError saying what is wrong with it."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 (read_lines keeps them as lone surrogates)
+        raise SpecError("not UTF-8 text: save the file as UTF-8") from None
     try:
         item = json.loads(line)
     except json.JSONDecodeError as e:
         raise SpecError(f"not valid JSON ({e.msg})") from None
-    if not isinstance(item, dict) or "id" not in item:
-        raise SpecError("needs an object with an \"id\"")
+    if not isinstance(item, dict) or not isinstance(item.get("id"), (str, int)) or isinstance(item["id"], bool):
+        raise SpecError("needs an object with an \"id\" (text or a number)")
     if unknown := sorted(set(item) - KNOWN_FIELDS):
         raise SpecError(f"unknown field(s) {', '.join(unknown)}")
     if ("prompt" in item) == ("messages" in item):
         raise SpecError("needs exactly one of \"prompt\" and \"messages\"")
-    messages = item.get("messages") or [{"role": "user", "content": item["prompt"]}]
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and "content" in m for m in messages):
-        raise SpecError("\"messages\" must be a list of {\"role\", \"content\"} objects")
-    if "prompt" in item and (item.get("raw") or not engine.tokenizer.has_chat_template):
-        prompt = item["prompt"]
-    else:
-        prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    if "prompt" in item and not isinstance(item["prompt"], str):
+        raise SpecError(f"\"prompt\" must be text, got {type(item['prompt']).__name__}")
+    stop = item.get("stop", [])
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise SpecError("\"stop\" must be a list of strings")
+    if not isinstance(item.get("raw", False), bool):
+        raise SpecError("\"raw\" must be true or false")
+    sampling = {k: v for k, v in item.items() if k in SAMPLING_FIELDS}
+    if bad := [k for k, v in sampling.items() if isinstance(v, bool) or not isinstance(v, (int, float))]:
+        raise SpecError(f"{', '.join(bad)} must be numbers")
     try:
-        params = SamplingParams(**{k: v for k, v in item.items() if k in SAMPLING_FIELDS})
-        return Request(str(item["id"]), prompt, params, int(item.get("max_tokens", default_max_tokens)),
-                       list(item.get("stop", [])), int(item.get("seed", 0)))
+        params = dataclasses.replace(defaults, **sampling)
     except (TypeError, ValueError) as e:
         raise SpecError(f"bad parameter ({e})") from None
+    if (seed := whole_number(item, "seed", default_seed, 0)) >= MAX_SEED:
+        raise SpecError(f"\"seed\" must be below 2**64, got {seed}")
+    prompt = render_prompt(engine.tokenizer, item.get("prompt", item.get("messages")), raw=item.get("raw", False))
+    return Request(str(item["id"]), number, prompt, params, whole_number(item, "max_tokens", default_max_tokens, 1),
+                   stop, seed)
 
 
-def finished_ids(output: Path) -> set[str]:
-    """Ids already in the output; a torn last line (a crash mid-write) is cut off first."""
+def check_paths(input_path: str | Path, output_path: str | Path) -> None:
+    """Refuse unusable input or output files before any model is loaded."""
+    read_lines(input_path, keep_undecodable=True)
+    check_writable(output_path, "-o")
+    if Path(output_path).exists() and Path(output_path).samefile(input_path):
+        raise SpecError(f"-o {output_path} is the input file: give the results a file of their own")
+    finished_ids(Path(output_path), dry_run=True)
+
+
+def finished_ids(output: Path, dry_run: bool = False) -> set[str]:
+    """Ids already in the output; a torn last line (a crash mid-write) is cut off first (not when `dry_run`)."""
     if not output.exists():
         return set()
-    data = output.read_bytes()
+    try:
+        data = output.read_bytes()
+    except OSError as e:
+        raise SpecError(f"cannot read -o {output} ({e.strerror}): give a file that can be read and written") from None
     end = data.rfind(b"\n") + 1
-    if end < len(data):
+    ids = set()
+    for number, line in enumerate(data[:end].decode("utf-8", errors="replace").splitlines(), start=1):
+        try:
+            ids.add(json.loads(line)["id"] if line.strip() else None)
+        except (json.JSONDecodeError, TypeError, KeyError):
+            raise SpecError(f"{output}:{number} is not a result line of mlx-spec batch: give -o a new file or "
+                            "one that an earlier batch run wrote") from None
+    if end < len(data) and not dry_run:
         with open(output, "r+b") as f:
             f.truncate(end)
-    return {json.loads(line)["id"] for line in data[:end].decode().splitlines() if line.strip()}
+    return ids - {None}
 
 
 def run(engine: Engine, input_path: str | Path, output_path: str | Path, max_tokens: int = 256,
-        progress: bool = True) -> Iterator[dict]:
+        progress: bool = True, defaults: SamplingParams = SamplingParams(), seed: int = 0) -> Iterator[dict]:
     """Generate every request of `input_path` not yet in `output_path`; yields each result as it is written,
-    and {"error": ..., "line": n} for each bad input line (which is skipped)."""
+    and {"error": ..., "line": n} for each bad input line or failed request (which is skipped). `defaults`,
+    `seed`: sampling and seed for the requests that set none."""
+    check_paths(input_path, output_path)
     output = Path(output_path)
     done = finished_ids(output)
-    lines = Path(input_path).read_text().splitlines()
     todo = []
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(read_lines(input_path, keep_undecodable=True), start=1):
         if not line.strip():
             continue
         try:
-            request = parse_request(line, engine, max_tokens)
+            request = parse_request(line, number, engine, max_tokens, defaults, seed)
         except SpecError as e:
             yield {"line": number, "error": str(e)}
             continue
@@ -99,7 +142,12 @@ def run(engine: Engine, input_path: str | Path, output_path: str | Path, max_tok
         bar = tqdm(total=len(todo), unit="item", desc="batch", dynamic_ncols=True)
     with open(output, "ab") as out:
         for request in todo:
-            result = engine.generate(request.prompt, request.params, request.max_tokens, request.stop, request.seed)
+            try:
+                result = engine.generate(request.prompt, request.params, request.max_tokens, request.stop,
+                                         request.seed)
+            except SpecError as e:
+                yield {"line": request.line, "error": str(e)}
+                continue
             record = {"id": request.id, "text": result.text, "stop_reason": result.stop_reason,
                       "stats": result.stats.to_dict()}
             out.write((json.dumps(record) + "\n").encode())  # one write per result: no interleaved halves

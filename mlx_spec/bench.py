@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from .engine import Engine
 from .errors import SpecError
-from .loading import LoadedTarget, make_engine
+from .files import read_lines
+from .prompts import check_messages, render_prompt
+from .sampling import LIMIT as SAMPLING_LIMIT
 from .sampling import SamplingParams
 
 PASSAGE = ("The Gated DeltaNet layer keeps a fixed-size recurrent state instead of a key-value cache. Each new "
@@ -35,14 +40,60 @@ def median_ms(fn, reps: int) -> float:
     return 1000 * statistics.median(times)
 
 
+class Neighbours:
+    """How much CPU other processes took while a benchmark ran (context manager), and whether the figures
+    can be trusted: on a 2-core machine a busy neighbour moves them by 10% or more."""
+
+    LIMIT = 0.10  # other processes' share of all CPUs, or the spread of repeated plain runs, beyond which we warn
+
+    def __enter__(self) -> "Neighbours":
+        self.start = (time.perf_counter(), busy_seconds(), own_seconds())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall, busy, own = (now - then for now, then in zip((time.perf_counter(), busy_seconds(), own_seconds()),
+                                                             self.start))
+        self.share = max(0.0, busy - own) / (wall * (psutil.cpu_count() or 1)) if wall > 0 else 0.0
+
+    def verdict(self, plain_spread: float | None = None) -> tuple[bool, str]:
+        """(reliable, a line saying why); `plain_spread`: (max - min) / median of repeated plain runs."""
+        spread = f"; plain runs spread {plain_spread:.0%}" if plain_spread is not None else ""
+        cpus = psutil.cpu_count() or 1
+        if self.share > self.LIMIT or (plain_spread or 0) > self.LIMIT:
+            return False, (f"UNRELIABLE: other processes used {self.share:.0%} of the {cpus} CPUs during the "
+                           f"benchmark{spread}: rerun on a quiet machine")
+        return True, f"quiet machine: other processes used {self.share:.0%} of the {cpus} CPUs{spread}"
+
+
+def busy_seconds() -> float:
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def own_seconds() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / median: how far repeated measurements of one thing disagree."""
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle else 0.0
+
+
 def interleaved(engines: dict, prompt, max_tokens: int, reps: int = 3) -> dict:
     """name -> (median decode tok/s, the last run's Stats), running the engines alternately so that drift
-    hits every contender alike."""
+    hits every contender alike. Prints to stderr when the machine was too busy for the figures to be trusted
+    (the first engine is taken as the baseline whose repeated runs should agree)."""
     speeds, stats = {name: [] for name in engines}, {}
-    for _ in range(reps):
-        for name, engine in engines.items():
-            stats[name] = engine.generate(prompt, max_tokens=max_tokens).stats
-            speeds[name].append(stats[name].decode_tps)
+    with Neighbours() as neighbours:
+        for _ in range(reps):
+            for name, engine in engines.items():
+                stats[name] = engine.generate(prompt, max_tokens=max_tokens).stats
+                speeds[name].append(stats[name].decode_tps)
+    reliable, line = neighbours.verdict(spread(next(iter(speeds.values()))) if reps > 1 else None)
+    if not reliable:
+        print(line, file=sys.stderr)
     return {name: (statistics.median(speeds[name]), stats[name]) for name in engines}
 
 
@@ -91,46 +142,64 @@ def load_prompts(suite: str | None, prompts_file: str | None) -> dict:
             raise SpecError(f"unknown suite {suite!r}: choose one of {', '.join(SUITES)}")
         return SUITES[suite or "spec"]
     categories: dict = {}
-    for number, line in enumerate(Path(prompts_file).read_text().splitlines(), start=1):
+    for number, line in enumerate(read_lines(prompts_file, "a JSONL file of prompts"), start=1):
         if not line.strip():
             continue
+        where = f"{prompts_file}:{number}"
         try:
             item = json.loads(line)
-            prompt = item.get("messages") or item["prompt"]
-        except (json.JSONDecodeError, KeyError, AttributeError):
-            raise SpecError(f"{prompts_file}:{number}: needs a JSON object with \"prompt\" or \"messages\"") from None
-        temperature, prompts = categories.setdefault(item.get("category", "custom"), (item.get("temperature", 0.0), []))
-        prompts.append(prompt)
+        except json.JSONDecodeError as e:
+            raise SpecError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
+            raise SpecError(f"{where}: needs a JSON object with one of \"prompt\" and \"messages\"")
+        prompt = item.get("prompt", item.get("messages"))
+        if not (isinstance(prompt, str) and prompt) and not isinstance(prompt, list):
+            raise SpecError(f"{where}: \"prompt\" must be non-empty text")
+        if isinstance(prompt, list):
+            try:
+                check_messages(prompt)
+            except SpecError as e:
+                raise SpecError(f"{where}: {e}") from None
+        temperature, category = item.get("temperature", 0.0), item.get("category", "custom")
+        if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                or not (temperature == 0 or 1 / SAMPLING_LIMIT <= temperature < 100)):
+            raise SpecError(f"{where}: \"temperature\" must be 0 or a number from {1 / SAMPLING_LIMIT:g} to 100, "
+                            f"got {temperature!r}")
+        if not isinstance(category, str):
+            raise SpecError(f"{where}: \"category\" must be text, got {category!r}")
+        categories.setdefault(category, (float(temperature), []))[1].append(prompt)
     if not categories:
         raise SpecError(f"{prompts_file} holds no prompts")
     return categories
 
 
-def as_text(engine: Engine, prompt) -> str:
-    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    if engine.tokenizer.has_chat_template:
-        return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    return "\n".join(m["content"] for m in messages)
-
-
-def run_bench(target: LoadedTarget, drafters: list[str], categories: dict, max_tokens: int, reps: int,
-              draft_model: str | None = None, on_run=None, draft_len: int | None = None) -> dict:
-    """draft_len: pinned for every drafter; None lets the adaptive policy choose, as users run it."""
-    engines = {"plain": make_engine(target, drafter="off")}
-    engines.update({name: make_engine(target, draft_model, name, draft_len) for name in drafters})
-    runs = []
-    for category, (temperature, prompts) in categories.items():
-        params = SamplingParams(temperature=temperature)
-        for prompt in prompts:
-            text = as_text(engines["plain"], prompt)
-            for rep in range(reps):
-                for name, engine in engines.items():  # interleaved: drift hits every contender alike
-                    stats = engine.generate(text, params, max_tokens, seed=rep).stats
-                    runs.append(Run(category, name, stats.decode_tps, stats.acceptance_rate,
-                                    stats.mean_acceptance_length))
-                    if on_run:
-                        on_run(runs[-1])
-    return summarise(runs, list(engines))
+def run_bench(plain: Engine, drafters: list[str], categories: dict, max_tokens: int, reps: int, on_run=None,
+              draft_len: int | None = None) -> dict:
+    """`plain`: an engine with drafting off; each drafter runs on its weights (`Engine.with_drafter`).
+    draft_len: pinned for every drafter; None lets the adaptive policy choose, as users run it."""
+    engines = {"plain": plain}
+    for name in drafters:
+        engines[name] = plain.with_drafter(name)
+        engines[name].pin(draft_len)
+    runs, plain_spreads = [], []
+    with Neighbours() as neighbours:
+        for category, (temperature, prompts) in categories.items():
+            params = SamplingParams(temperature=temperature)
+            for prompt in prompts:
+                ids = render_prompt(plain.tokenizer, prompt)
+                for rep in range(reps):
+                    for name, engine in engines.items():  # interleaved: drift hits every contender alike
+                        stats = engine.generate(ids, params, max_tokens, seed=rep).stats
+                        runs.append(Run(category, name, stats.decode_tps, stats.acceptance_rate,
+                                        stats.mean_acceptance_length))
+                        if on_run:
+                            on_run(runs[-1])
+                if reps > 1:
+                    plain_spreads.append(spread([r.tps for r in runs[-reps * len(engines)::len(engines)]]))
+    report = summarise(runs, list(engines))
+    reliable, note = neighbours.verdict(statistics.median(plain_spreads) if plain_spreads else None)
+    report["machine"] = {"reliable": reliable, "note": note, "other_processes_cpu_share": neighbours.share}
+    return report
 
 
 def summarise(runs: list[Run], contenders: list[str]) -> dict:
@@ -164,6 +233,8 @@ def table(report: dict) -> str:
             cells.append(f"{r['tps']:6.1f} tok/s {r['speedup']:4.2f}x" + (f" {r['acceptance']:3.0%}" if n != "plain"
                                                                             else "     "))
         lines.append(f"{category:14s} " + " ".join(f"{c:>22s}" for c in cells) + f"  {entry['verdict']}")
+    if "machine" in report:
+        lines.append(report["machine"]["note"])
     return "\n".join(lines)
 
 
@@ -171,7 +242,9 @@ def svg_chart(report: dict) -> str:
     """Grouped bars: speedup over plain decoding per category and contender, a line at 1.0x."""
     names, categories = report["contenders"], list(report["categories"])
     colours = ["#9e9e9e", "#1f77b4", "#2ca02c", "#d62728", "#9467bd"]
-    width, height, left, bottom, group = 120 * len(categories) + 80, 320, 50, 40, 100
+    legend = [14 + 7 * len(name) + 16 for name in names]  # swatch, label at ~7 px a character, gap
+    width = max(120 * len(categories) + 80, 50 + sum(legend) + 10)
+    height, left, bottom, group = 320, 50, 40, 100
     top = max(max(e["results"][n]["speedup"] for n in names) for e in report["categories"].values()) * 1.15 or 1
     scale = (height - bottom - 20) / top
     bar = group / (len(names) + 1)
@@ -189,7 +262,7 @@ def svg_chart(report: dict) -> str:
     parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y1:.1f}" y2="{y1:.1f}" stroke="black" '
                  'stroke-dasharray="4"/>')
     for j, name in enumerate(names):
-        x = left + j * 110
+        x = left + sum(legend[:j])
         parts.append(f'<rect x="{x}" y="{height - 16}" width="10" height="10" fill="{colours[j % len(colours)]}"/>'
                      f'<text x="{x + 14}" y="{height - 7}">{name}</text>')
     return "\n".join(parts + ["</svg>"])

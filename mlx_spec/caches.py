@@ -12,6 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
+from .compat import set_write_index, write_index
 from .errors import SpecError
 
 
@@ -102,31 +103,38 @@ def rollback(caches: list, n: int, slack: int) -> None:
 
 
 def _rollback_rotating(cache: RotatingKVCache, n: int) -> None:
-    length = cache.keys.shape[2]
-    if cache._idx == length and length > cache.max_size:
+    length, index = cache.keys.shape[2], write_index(cache)
+    if index == length and length > cache.max_size:
         # After a multi-token update the buffer is in temporal order and holds max_size - 1 + S keys:
         # drop the newest n (a view, no copy).
         cache.keys = cache.keys[..., : length - n, :]
         cache.values = cache.values[..., : length - n, :]
-        cache._idx = length - n
+        set_write_index(cache, length - n)
     else:
         # Ring buffer: step the write index back. The stale slots are older than the window as seen
         # from the next query, so the mask excludes them until they are overwritten.
-        rotated = cache.offset > cache._idx
-        cache._idx -= n
-        if rotated and cache._idx < cache.keep:
-            cache._idx += cache.max_size - cache.keep
+        rotated = cache.offset > index
+        index -= n
+        if rotated and index < cache.keep:
+            index += cache.max_size - cache.keep
+        set_write_index(cache, index)
     cache.offset -= n
 
 
 def visible_kv(cache, window: int | None = None) -> tuple[mx.array, mx.array]:
     """(keys, values) of the last `window` cached positions (all when None), oldest first, whatever state a
-    sliding-window ring buffer is in after wraps and rollbacks: what another model may attend to."""
+    sliding-window ring buffer is in after wraps and rollbacks: what another model may attend to.
+
+    `window` must not exceed what the buffer still holds. After any forward (a prefill chunk included) a ring
+    of `max_size` slots holds the last min(offset, max_size) positions or more; rolling back positions of a
+    multi-token forward (the engine's rounds) leaves at least max_size - 1; only a rollback of n positions
+    written one token at a time leaves fewer (max_size - n). The target's sliding caches have MAX_DRAFT_LEN + 1
+    slots beyond the model's window, so its window + 1 last positions are always there."""
     if isinstance(cache, QuantizedKVCache):
         raise SpecError("a drafter that reads the target's K/V needs a float cache: run without --kv-bits")
     n = cache.offset if window is None else min(window, cache.offset)
     if isinstance(cache, RotatingKVCache):
-        end = cache._idx  # the next write slot; the newest key sits just before it
+        end = write_index(cache)  # the next write slot; the newest key sits just before it
         if end >= n:
             return cache.keys[..., end - n:end, :], cache.values[..., end - n:end, :]
         start = cache.keys.shape[2] - (n - end)  # wrapped: the older part is at the end of the ring

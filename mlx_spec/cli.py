@@ -1,75 +1,130 @@
-"""`mlx-spec` command line."""
+"""`mlx-spec` command line: a thin client of the engine's public API. Every failure the user can cause ends
+with one `mlx-spec: error: ...` line and exit status 2; Ctrl+C ends quietly with 130."""
 
 from __future__ import annotations
 
-import argparse
-import json
+import os
+import signal
 import sys
-from pathlib import Path
 
-from .errors import SpecError
+
+def exit_on_interrupt(signum=None, frame=None):
+    """Ctrl+C while the command starts up or shuts down, outside main(): status 130, as main() gives, and no
+    KeyboardInterrupt traceback from whatever import or clean-up it interrupted."""
+    os._exit(130)
+
+
+def unraisable_interrupt(unraisable):
+    """A Ctrl+C that lands in a callback or finaliser (the import system has some), which Python would print as
+    "Exception ignored ... Traceback" and then carry on: honour it instead."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        exit_on_interrupt()
+    sys.__unraisablehook__(unraisable)
+
+
+# Installed before anything else is imported when this module is the program (`python -m mlx_spec.cli`, or the
+# `mlx-spec` script, which imports it), not when another program imports it; once the arguments are parsed (MLX
+# imported), main() turns Ctrl+C back into KeyboardInterrupt, for the command's own clean-up.
+if ((__name__ == "__main__" or os.path.basename(sys.argv[0]) == "mlx-spec")
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    signal.signal(signal.SIGINT, exit_on_interrupt)
+    sys.unraisablehook = unraisable_interrupt
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from .errors import SpecError  # noqa: E402
+
+SAMPLING_DEFAULTS = {"temp": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                     "presence_penalty": 0.0, "frequency_penalty": 0.0, "penalty_window": 64}
+ENTRY_NAMES = {"temp": "temperature"}  # models.toml `sampling` keys are SamplingParams fields
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
+    from .drafters import DEFAULT_ORDER, DRAFTERS
+
     parser.add_argument("--model", help="model directory, models.toml name or hub id (default: built-in demo)")
     parser.add_argument("--draft-model", help="a smaller model of the same vocabulary to draft with")
-    parser.add_argument("--drafter", choices=["mtp", "draft-model", "ngram", "off"],
-                        help="how to draft (default: the draft model when one is known, else the checkpoint's "
-                             "MTP layer when it has one, else ngram)")
+    parser.add_argument("--drafter", choices=list(DRAFTERS),
+                        help="; ".join(f"{k.name}: {k.help}" for k in DRAFTERS.values()) + f" (default: {DEFAULT_ORDER})")
     parser.add_argument("--num-draft", type=int,
                         help="pin the tokens drafted per round (default: adaptive, from 0 = plain decoding up to "
-                             "the models.toml recommendation, else mtp 3, draft-model 6, ngram 6)")
+                             "the models.toml recommendation, else " +
+                             ", ".join(f"{k.name} {k.max_draft_len}" for k in DRAFTERS.values() if k.max_draft_len)
+                             + ")")
     parser.add_argument("--mtp-hidden", choices=["post", "pre"], default="post",
                         help="target hidden state fed to the MTP layer: after (default) or before the final norm")
     parser.add_argument("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
-    parser.add_argument("--kv-group-size", type=int, default=64)
+    parser.add_argument("--kv-group-size", type=int, default=64, choices=[32, 64, 128])
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--presence-penalty", type=float, default=0.0)
-    parser.add_argument("--frequency-penalty", type=float, default=0.0)
-    parser.add_argument("--penalty-window", type=int, default=64, help="tokens the penalties look back on")
+    """Defaults: the model's models.toml `sampling` recommendation, else SAMPLING_DEFAULTS."""
+    parser.add_argument("--temp", type=float, help="temperature (0 = greedy; default 0)")
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--min-p", type=float)
+    parser.add_argument("--repetition-penalty", type=float)
+    parser.add_argument("--presence-penalty", type=float)
+    parser.add_argument("--frequency-penalty", type=float)
+    parser.add_argument("--penalty-window", type=int, help="tokens the penalties look back on (default 64)")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def sampling_params(args):
+    """The sampling the user asked for, the rest from the model's recommendation and the defaults."""
+    from .loading import model_entry
     from .sampling import SamplingParams
 
-    return SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repetition_penalty,
-                          args.presence_penalty, args.frequency_penalty, args.penalty_window)
+    if not 0 <= args.seed < 2**64:  # what mx.random.key takes
+        raise SpecError(f"--seed must be a whole number from 0 to 2**64 - 1, got {args.seed}")
+    recommended = model_entry(args.model).get("sampling", {})
+    values = {}
+    for name, default in SAMPLING_DEFAULTS.items():
+        given = getattr(args, name)
+        values[ENTRY_NAMES.get(name, name)] = given if given is not None else recommended.get(
+            ENTRY_NAMES.get(name, name), default)
+    return SamplingParams(**values)
+
+
+def model_notice(model: str | None) -> str:
+    """What the user should know about the model: the demo notice, or its models.toml note."""
+    from .loading import DEMO_NOTICE, model_entry
+
+    note = " ".join(model_entry(model).get("note", "").split())
+    if model is None:
+        return DEMO_NOTICE.format(note=note)
+    return f"{model}: {note}" if note else ""
 
 
 def load_engine(args):
     from . import linux_blas
-    from .loading import DEMO_NOTICE, load, registry
+    from .loading import load
 
-    if args.model is None:
-        print(DEMO_NOTICE, file=sys.stderr)
     engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size,
                   args.mtp_hidden)
-    if note := registry().get(args.model or "", {}).get("note"):
-        print(f"{args.model}: {' '.join(note.split())}", file=sys.stderr)
-    drafter = f"{engine.drafter.name}, {engine.policy.note}" if engine.drafter else "off"
+    if notice := model_notice(args.model):
+        print(notice, file=sys.stderr)
+    status = engine.status()
+    drafter = f"{status.drafter}, {status.policy}" if status.drafter != "off" else "off"
     print(f"drafter: {drafter} | BLAS: {linux_blas.describe()}", file=sys.stderr)
     return engine
 
 
 def generate(args) -> int:
-    from .engine import Done, Token
+    from .engine import Done, Text, Token
+    from .prompts import render_prompt
 
     params = sampling_params(args)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    try:
+        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    except UnicodeDecodeError:
+        raise SpecError("the prompt on stdin is not UTF-8 text: convert it first (e.g. iconv -t UTF-8)") from None
     engine = load_engine(args)
-    if not args.raw and getattr(engine.tokenizer, "has_chat_template", False) and prompt.strip():
-        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                      add_generation_prompt=True)
-    for event in engine.stream(prompt, params, args.max_tokens, args.stop, args.seed):
-        if isinstance(event, Token) and not args.json:
+    ids = render_prompt(engine.tokenizer, prompt, raw=args.raw)
+    for event in engine.stream(ids, params, args.max_tokens, args.stop, args.seed):
+        if isinstance(event, (Token, Text)) and not args.json:
             print(event.text, end="", flush=True)
         elif isinstance(event, Done):
             if args.json:
@@ -94,13 +149,15 @@ def convert(args) -> int:
 
 
 def batch(args) -> int:
-    from .batch import run
+    from .batch import check_paths, run
 
-    if not Path(args.input).exists():
-        raise SpecError(f"{args.input} does not exist: give a JSONL file with one request per line")
+    if args.max_tokens < 1:
+        raise SpecError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    check_paths(args.input, args.output)
+    defaults = sampling_params(args)
     engine = load_engine(args)
     generated = bad = 0
-    for record in run(engine, args.input, args.output, args.max_tokens, progress=not args.quiet):
+    for record in run(engine, args.input, args.output, args.max_tokens, not args.quiet, defaults, args.seed):
         if "error" in record:
             bad += 1
             print(f"{args.input}:{record['line']}: skipped: {record['error']}", file=sys.stderr)
@@ -113,14 +170,26 @@ def batch(args) -> int:
 
 def bench(args) -> int:
     from .bench import load_prompts, run_bench, svg_chart, table
-    from .loading import DEMO, DEMO_NOTICE, available_drafters, load_target
+    from .files import check_writable
+    from .loading import DEMO, load
 
+    if args.reps < 1:
+        raise SpecError(f"--reps must be >= 1, got {args.reps}")
+    if args.max_tokens < 1:
+        raise SpecError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
+        if path:
+            check_writable(path, flag)
+    if args.json and args.plot and Path(args.json).resolve() == Path(args.plot).resolve():
+        raise SpecError(f"--json and --plot both name {args.json}: give the chart a file of its own")
     demo_prompts = str(DEMO / "prompts.jsonl") if args.model is None and args.suite is None else None
     categories = load_prompts(args.suite, args.prompts or demo_prompts)
     if args.model is None:
-        print(DEMO_NOTICE.replace("using", "benchmarking"), file=sys.stderr)
-    target = load_target(args.model, args.draft_model)
-    drafters = args.drafters.split(",") if args.drafters else available_drafters(target, args.draft_model)
+        print(model_notice(None).replace("using", "benchmarking"), file=sys.stderr)
+    plain = load(args.model, args.draft_model, "off", kv_bits=args.kv_bits, kv_group_size=args.kv_group_size,
+                 mtp_hidden=args.mtp_hidden)
+    available = [d for d in plain.status().drafters if d != "off"]
+    drafters = args.drafters.split(",") if args.drafters else available
     total = sum(len(prompts) for _, prompts in categories.values()) * args.reps * (len(drafters) + 1)
     print(f"bench: {', '.join(['plain', *drafters])} on {len(categories)} categories, {total} runs of "
           f"{args.max_tokens} tokens, interleaved", file=sys.stderr)
@@ -129,8 +198,7 @@ def bench(args) -> int:
     def progress(run):
         done.append(run)
         print(f"\r  {len(done)}/{total} runs", end="", file=sys.stderr, flush=True)
-    report = run_bench(target, drafters, categories, args.max_tokens, args.reps, args.draft_model, progress,
-                       args.num_draft)
+    report = run_bench(plain, drafters, categories, args.max_tokens, args.reps, progress, args.num_draft)
     print(file=sys.stderr)
     print(table(report))
     if args.json:
@@ -141,13 +209,12 @@ def bench(args) -> int:
 
 
 def chat(args) -> int:
-    from tui.app import ChatApp
+    from .tui.app import ChatApp
 
-    from .loading import DEMO_NOTICE
-
+    params = sampling_params(args)
     engine = load_engine(args)
-    notice = "" if args.model else DEMO_NOTICE
-    ChatApp(engine, sampling_params(args), args.max_tokens, args.model or "built-in demo model", notice=notice).run()
+    notice = model_notice(args.model)
+    ChatApp(engine, params, args.max_tokens, args.model or "built-in demo model", notice=notice).run()
     return 0
 
 
@@ -189,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     bat.add_argument("--max-tokens", type=int, default=256, help="default for requests that set none")
     bat.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(bat)
+    add_sampling_args(bat)  # defaults for requests that set none
     bat.set_defaults(run=batch)
 
     conv = commands.add_parser("convert", help="convert a Hugging Face checkpoint to MLX, keeping its MTP layer")
@@ -207,18 +275,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .linux_blas import reexec_with_openblas
-
-    args = build_parser().parse_args(argv)
-    if argv is None:  # a real command line, which can be restarted with a faster BLAS
-        reexec_with_openblas()
+    program = signal.getsignal(signal.SIGINT) is exit_on_interrupt
     try:
+        args = build_parser().parse_args(argv)  # imports MLX, whose extension aborts if interrupted as it starts
+        if program:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         return args.run(args)
     except SpecError as e:
         print(f"mlx-spec: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print(file=sys.stderr)
         return 130
+    except ImportError as e:  # a C extension interrupted while it initialises reports an ImportError
+        if not isinstance(e.__cause__ or e.__context__, KeyboardInterrupt):
+            raise
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): no complaint at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    finally:
+        if program:  # a Ctrl+C during the interpreter's shutdown would print "Exception ignored ..." tracebacks
+            signal.signal(signal.SIGINT, exit_on_interrupt)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from .drafters import Draft, Drafter
+from .draft import Draft
+from .drafters import Drafter
 from .errors import SpecError
 from .policy import AdaptiveDraftLength, FixedDraftLength
+from .prompts import render_prompt
 from .sampling import SamplingParams
 from .stats import Stats
 from .target import MAX_DRAFT_LEN, Target
@@ -30,6 +32,13 @@ class Token:
 
 
 @dataclass
+class Text:
+    """Printable text that comes with no new token: what was held back for a stop string that never came."""
+
+    text: str
+
+
+@dataclass
 class Round:
     draft_len: int
     accepted: int
@@ -37,7 +46,7 @@ class Round:
 
 @dataclass
 class Done:
-    stop_reason: str  # "eos", "max_tokens" or "stop_string"
+    stop_reason: str  # "eos", "max_tokens", "stop_string" or "stopped" (Engine.stop)
     text: str
     tokens: list[int]
     stats: Stats
@@ -50,6 +59,22 @@ class Result:
     stop_reason: str
     stats: Stats
     from_draft: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class EngineStatus:
+    """What an engine is set to do, for clients to show."""
+
+    drafter: str  # the drafter's name, or "off"
+    policy: str  # the draft-length policy and its last decision
+    draft_len: int | None  # pinned drafts per round (0: drafting off), None while adaptive
+    max_draft_len: int
+    drafters: list[str]  # what `with_drafter` accepts for this target, "off" included
+
+
+def check_draft_len(n: int | None) -> None:
+    if n is not None and not (isinstance(n, int) and 0 <= n <= MAX_DRAFT_LEN):
+        raise SpecError(f"draft length must be between 0 and {MAX_DRAFT_LEN}, got {n}")
 
 
 class TextStream:
@@ -87,41 +112,64 @@ class TextStream:
 
 
 class Engine:
-    """A target model, its tokenizer and an optional drafter. `stream` yields Token / Round / Done events.
-    Engines built by `loading.make_engine` also carry `loaded` (the target in memory) and `options`, which
-    `loading.with_drafter` uses to make a sibling engine with another drafter on the same weights."""
+    """A target model, its tokenizer and an optional drafter. `stream` yields Token / Text / Round / Done events.
+
+    `pin` and `stop` may be called from any thread: the generating thread picks them up at the next round."""
 
     def __init__(self, target: Target, tokenizer, drafter: Drafter | None = None, draft_len: int | None = 4,
-                 max_draft_len: int = 4):
-        """draft_len: drafts per round, pinned; None lets the adaptive policy choose 0..max_draft_len."""
-        for n in (draft_len, max_draft_len):
-            if n is not None and not 0 <= n <= MAX_DRAFT_LEN:
-                raise SpecError(f"draft length must be between 0 and {MAX_DRAFT_LEN}, got {n}")
+                 max_draft_len: int = 4, sibling=None, drafters: list[str] = ("off",)):
+        """draft_len: drafts per round, pinned; None lets the adaptive policy choose 0..max_draft_len.
+        sibling(drafter_name) -> Engine builds `with_drafter`'s engines on the same weights; `drafters` names
+        the choices it accepts."""
+        check_draft_len(max_draft_len)
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.max_draft_len = max_draft_len
+        self.max_draft_len, self.sibling, self.drafters = max_draft_len, sibling, list(drafters)
         self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
+        self.stop_requested = False
         self.pin(draft_len)
+        self.policy = self.next_policy
 
     def pin(self, draft_len: int | None) -> None:
-        """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose."""
+        """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose; from the
+        next round on."""
+        check_draft_len(draft_len)
         if not self.drafter:
-            self.policy = FixedDraftLength(0)
+            self.next_policy = FixedDraftLength(0)
         elif draft_len is None:
-            self.policy = AdaptiveDraftLength(self.max_draft_len)
+            self.next_policy = AdaptiveDraftLength(self.max_draft_len)
         else:
-            self.policy = FixedDraftLength(draft_len)
+            self.next_policy = FixedDraftLength(draft_len)
 
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise SpecError("the prompt is empty: give some text to continue")
-        return ids
+    def stop(self) -> None:
+        """End the running generation after the current round, with stop reason "stopped" and its statistics."""
+        self.stop_requested = True
 
-    def stream(self, prompt: str | list[int], params: SamplingParams = SamplingParams(), max_tokens: int = 256,
-               stop: list[str] = (), seed: int = 0) -> Iterator[Token | Round | Done]:
-        if max_tokens < 1:
-            raise SpecError(f"max_tokens must be >= 1, got {max_tokens}")
+    def status(self) -> EngineStatus:
+        policy = self.next_policy
+        return EngineStatus(self.drafter.name if self.drafter else "off", policy.note,
+                            getattr(policy, "pinned", None), self.max_draft_len, self.drafters)
+
+    def with_drafter(self, drafter: str) -> "Engine":
+        """Another engine on the same target weights (loaded once), drafting with `drafter` ("off": none)."""
+        if drafter not in self.drafters:
+            raise SpecError(f"drafter {drafter!r} is not available here: choose one of {', '.join(self.drafters)}")
+        return self.sibling(drafter)
+
+    def encode(self, prompt: str | list[int] | list[dict]) -> list[int]:
+        """Token ids: a text as it is (no chat template), ids unchanged, a chat through the chat template."""
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            if not prompt:
+                raise SpecError("the prompt is empty: give some text to continue")
+            return list(prompt)
+        return render_prompt(self.tokenizer, prompt, raw=isinstance(prompt, str))
+
+    def stream(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
+               max_tokens: int = 256, stop: list[str] = (), seed: int = 0) -> Iterator[Token | Text | Round | Done]:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise SpecError(f"max_tokens must be >= 1 (a whole number), got {max_tokens!r}")
         context = self.encode(prompt)
+        self.stop_requested = False
+        self.policy = self.next_policy
         stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
         mx.reset_peak_memory()
         start = time.perf_counter()
@@ -138,6 +186,7 @@ class Engine:
         eos = self.tokenizer.eos_token_ids
         stop_reason = None
         while stop_reason is None:
+            self.policy = self.next_policy  # a pin() from another thread takes effect here
             key, round_key = mx.random.split(key)
             draft_len = self.policy.next_draft_len(max_tokens - len(generated))
             round_start = time.perf_counter()
@@ -162,10 +211,11 @@ class Engine:
                     stop_reason = "max_tokens"
                 if stop_reason:
                     break
+            if stop_reason is None and self.stop_requested:
+                stop_reason = "stopped"
 
-        tail = text.finish()
-        if tail:
-            yield Token(-1, tail, from_draft=False)  # text held back for a stop string that never came
+        if tail := text.finish():
+            yield Text(tail)
         stats.decode_seconds = time.perf_counter() - start
         stats.generated_tokens = len(generated)
         stats.policy = self.policy.note
@@ -187,11 +237,11 @@ class Engine:
             self.drafter.accept(context + new_tokens, accepted, step.first(accepted + 1))
         return draft_len, accepted, new_tokens
 
-    def generate(self, prompt: str | list[int], params: SamplingParams = SamplingParams(), max_tokens: int = 256,
-                 stop: list[str] = (), seed: int = 0) -> Result:
+    def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
+                 max_tokens: int = 256, stop: list[str] = (), seed: int = 0) -> Result:
         from_draft = []
         for event in self.stream(prompt, params, max_tokens, stop, seed):
-            if isinstance(event, Token) and event.id >= 0:
+            if isinstance(event, Token):
                 from_draft.append(event.from_draft)
             elif isinstance(event, Done):
                 return Result(event.text, event.tokens, event.stop_reason, event.stats, from_draft)

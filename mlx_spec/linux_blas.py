@@ -1,23 +1,37 @@
 """On Linux the mlx-cpu wheel bundles netlib's reference BLAS, which makes every multi-token forward cost as
-much as that many single-token ones, so speculation cannot pay. A system OpenBLAS, preloaded, fixes that; the
-CLI re-executes itself with it when one is installed and says so."""
+much as that many single-token ones, so speculation cannot pay. Loading a system OpenBLAS into the global
+symbol scope before MLX itself is loaded makes MLX's BLAS calls resolve to it (the same effect as LD_PRELOAD):
+`import mlx_spec` does this, for the CLI and for Python users alike, and says so when it cannot."""
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
-import glob
+import importlib.util
 import os
 import sys
+import warnings
 from pathlib import Path
 
 OPENBLAS_CANDIDATES = ["/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0"]
+OPT_OUT = "MLX_SPEC_BLAS"  # =bundled keeps MLX's own BLAS
 
 
 def bundles_reference_blas() -> bool:
-    import mlx.core
+    """Whether the installed MLX is the Linux CPU wheel with its bundled reference BLAS (found without importing
+    MLX, so that the answer can still change which BLAS MLX will use)."""
+    spec = importlib.util.find_spec("mlx")
+    if sys.platform != "linux" or spec is None or not spec.submodule_search_locations:
+        return False
+    libs = Path(list(spec.submodule_search_locations)[0]).resolve().parent / "mlx_cpu.libs"
+    return any(libs.glob("libblas*.so*"))
 
-    libs = Path(mlx.core.__file__).resolve().parents[1] / "mlx_cpu.libs"
-    return sys.platform == "linux" and bool(glob.glob(str(libs / "libblas*.so*")))
+
+def system_openblas() -> str | None:
+    for path in OPENBLAS_CANDIDATES:
+        if os.path.exists(path):
+            return path
+    return ctypes.util.find_library("openblas")
 
 
 def openblas_loaded() -> bool:
@@ -29,32 +43,28 @@ def openblas_loaded() -> bool:
         return False
 
 
-def system_openblas() -> str | None:
-    for path in OPENBLAS_CANDIDATES:
-        if os.path.exists(path):
-            return path
-    return ctypes.util.find_library("openblas")
+def use_openblas() -> None:
+    """Make MLX use the system OpenBLAS; called by `import mlx_spec` before anything imports MLX. Warns once,
+    with the fix, when MLX will run on the slow reference BLAS."""
+    if os.environ.get(OPT_OUT) == "bundled" or not bundles_reference_blas() or openblas_loaded():
+        return
+    openblas = system_openblas()
+    if openblas is None:
+        warnings.warn("MLX runs on its bundled reference BLAS, under which speculation cannot pay: "
+                      "`apt-get install libopenblas0-pthread` enables the fast path", RuntimeWarning, stacklevel=3)
+    elif "mlx.core" in sys.modules:
+        warnings.warn(f"mlx was imported before mlx_spec, so MLX runs on its slow bundled reference BLAS: import "
+                      f"mlx_spec first, or run with LD_PRELOAD={openblas}", RuntimeWarning, stacklevel=3)
+    else:
+        ctypes.CDLL(openblas, mode=ctypes.RTLD_GLOBAL)
 
 
 def describe() -> str:
+    """Which BLAS MLX uses in this process, for reports."""
     if not bundles_reference_blas():
         return "platform BLAS"
     if openblas_loaded():
-        return "OpenBLAS (preloaded)"
+        return "OpenBLAS"
     if openblas := system_openblas():
-        return f"reference BLAS (slow: preload {openblas} with LD_PRELOAD)"
+        return f"reference BLAS (slow: import mlx_spec before mlx, or LD_PRELOAD={openblas})"
     return "reference BLAS (slow: apt-get install libopenblas0-pthread)"
-
-
-def reexec_with_openblas() -> None:
-    """Restart this very command with OpenBLAS preloaded, when that helps and is possible."""
-    if os.environ.get("MLX_SPEC_BLAS") == "keep" or not bundles_reference_blas() or openblas_loaded():
-        return
-    openblas = system_openblas()
-    if not openblas:
-        print("note: MLX runs on its bundled reference BLAS, which makes speculation slow; "
-              "`apt-get install libopenblas0-pthread` enables the fast path", file=sys.stderr)
-        return
-    env = dict(os.environ, MLX_SPEC_BLAS="keep")
-    env["LD_PRELOAD"] = ":".join(filter(None, [openblas, env.get("LD_PRELOAD")]))
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

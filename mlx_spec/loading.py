@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 
+from .drafters import ASSISTANT_MAX_DRAFT_LEN, DRAFTERS, default_drafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.gemma4_assistant import AssistantDrafter, shared_kv_sources
 from .drafters.ngram import NgramDrafter
@@ -24,9 +25,6 @@ REGISTRY = Path(__file__).with_name("models.toml")
 HUB_PATTERNS = ["*.json", "model*.safetensors", "mtp.safetensors", "tokenizer.model", "*.tiktoken", "*.txt",
                 "*.jinja"]
 VOCAB_PADDING_TOLERANCE = 128
-DRAFTERS = ("mtp", "draft-model", "ngram", "off")
-# the adaptive policy's upper bound by default
-DEFAULT_MAX_DRAFT_LEN = {"mtp": 3, "draft-model": 6, "ngram": 6, "assistant": 4}
 
 
 def registry() -> dict:
@@ -34,9 +32,14 @@ def registry() -> dict:
 
 
 DEMO = Path(__file__).with_name("demo")  # written by scripts/train_demo.py; see demo/report.md
-DEMO_NOTICE = ("no --model given: using the built-in demo, a tiny code model trained on Python's standard library "
-               "(Qwen3.5 layout with its MTP layer, plus a small draft model; mlx_spec/demo/report.md); it "
-               "continues the code you give it. Run a real model with --model qwen3.6-27b, a hub id or a directory")
+DEMO_NAME = "demo"  # its models.toml entry, used when no model is given
+DEMO_NOTICE = ("no --model given: using the built-in demo (Qwen3.5 layout with its MTP layer and a draft model; "
+               "mlx_spec/demo/report.md), {note}. Run a real model with --model qwen3.6-27b, a hub id or a directory")
+
+
+def model_entry(name: str | None) -> dict:
+    """The models.toml entry of a model name (the demo's for None); {} for a path or hub id."""
+    return registry().get(name or DEMO_NAME, {})
 
 
 def resolve(name: str, files: list[str] = HUB_PATTERNS) -> Path:
@@ -48,6 +51,8 @@ def resolve(name: str, files: list[str] = HUB_PATTERNS) -> Path:
             raise SpecError(f"{name} is a file, not a model directory: pass the folder that holds config.json")
         return path
     entry = registry().get(name)
+    if entry and "path" in entry:
+        return Path(__file__).parent / entry["path"]
     repo = entry["repo"] if entry else name
     if repo.count("/") != 1 or repo.startswith((".", "/", "~")):
         raise SpecError(f"unknown model {name!r}: not a directory, not in models.toml "
@@ -143,11 +148,9 @@ class LoadedTarget:
 
 def load_target(model: str | None, draft_model: str | None = None) -> LoadedTarget:
     """Resolve and load a target; `draft_model` (when one will be used) is counted in the memory check."""
-    entry = registry().get(model, {}) if model else {}
-    if model is None:
-        target_path, default_draft = DEMO / "demo", str(DEMO / "demo-draft")
-    else:
-        target_path, default_draft = resolve(model), entry.get("draft_model")
+    model = model or DEMO_NAME
+    entry = registry().get(model, {})
+    target_path, default_draft = resolve(model), entry.get("draft_model")
     check_memory(target_path, resolve(draft_model) if draft_model else None)
     target_model, tokenizer, config = load_checkpoint(target_path, "target model")
     return LoadedTarget(target_path, target_model, tokenizer, config, entry, default_draft)
@@ -158,9 +161,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                 mtp_hidden: str = "post") -> Engine:
     """An Engine around a loaded target with the chosen drafter (see `load` for the arguments)."""
     declares_mtp = declared_mtp_layers(target.config) > 0
-    # default: a draft model given here, else the checkpoint's own MTP layer, else a known draft, else n-gram
-    drafter = drafter or ("draft-model" if draft_model else "mtp" if declares_mtp else
-                          "draft-model" if target.default_draft_model else "ngram")
+    drafter = drafter or default_drafter(bool(draft_model), declares_mtp, bool(target.default_draft_model))
     draft_model = draft_model or target.default_draft_model
     if drafter not in DRAFTERS:
         raise SpecError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
@@ -173,8 +174,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
     assistant = draft_path is not None and is_assistant(read_config(draft_path))
-    max_draft_len = target.entry.get("draft_len") or DEFAULT_MAX_DRAFT_LEN.get(
-        "assistant" if assistant else drafter, 0)
+    max_draft_len = target.entry.get("draft_len") or (ASSISTANT_MAX_DRAFT_LEN if assistant
+                                                      else DRAFTERS[drafter].max_draft_len)
     wants_hidden = mtp_hidden if drafter == "mtp" else "post" if assistant else None
     runner = Target(target.model, kv_bits, kv_group_size, hidden=wants_hidden)
     if drafter != "off" and (problem := runner.rollback_problem()):
@@ -200,21 +201,17 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         chosen = DraftModelDrafter(draft, vocab_size(target.config), kv_bits, kv_group_size)
         if problem := chosen.runner.rollback_problem():
             raise SpecError(f"draft model {draft_path} cannot be used: {problem}")
-    engine = Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0))
-    engine.loaded, engine.options = target, dict(draft_model=draft_model, draft_len=draft_len, kv_bits=kv_bits,
-                                                 kv_group_size=kv_group_size, mtp_hidden=mtp_hidden)
-    return engine
+
+    def sibling(name: str) -> Engine:
+        return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden)
+    return Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
+                  available_drafters(target, draft_model) + ["off"])
 
 
 def available_drafters(target: LoadedTarget, draft_model: str | None = None) -> list[str]:
     """The drafters this target can use ("off" aside): its MTP layer, a known draft model, n-gram."""
     return (["mtp"] * (declared_mtp_layers(target.config) > 0)
             + ["draft-model"] * bool(draft_model or target.default_draft_model) + ["ngram"])
-
-
-def with_drafter(engine: Engine, drafter: str) -> Engine:
-    """Another engine on the same target weights (loaded once), with `drafter` ("off" for none)."""
-    return make_engine(engine.loaded, drafter=drafter, **engine.options)
 
 
 def assistant_mismatch(assistant_cfg: dict, target_cfg: dict) -> str | None:
@@ -255,15 +252,13 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
     draft_len: drafts per round, pinned; None (default) lets the adaptive policy choose between 0 (plain
     decoding) and the models.toml recommendation or the drafter's default maximum.
-    drafter: "mtp" (the checkpoint's own multi-token prediction layer), "draft-model" (a draft model or a Gemma 4
-    assistant: draft_model, or a models.toml entry that names one), "ngram" or "off"; default: draft_model when
-    given, else the MTP layer when the checkpoint declares one, else a draft model models.toml names, else
-    "ngram".
+    drafter: a name from `drafters.DRAFTERS` ("mtp", "draft-model", "ngram", "off"); default: the first of
+    `drafters.DEFAULT_ORDER` that this target has.
     mtp_hidden: the target hidden state fed to the MTP layer, after ("post", as the reference implementations)
     or before ("pre") the final norm.
     """
     planned_draft = draft_model if drafter in (None, "draft-model") else None
-    if planned_draft is None and drafter in (None, "draft-model") and model is not None:
-        planned_draft = registry().get(model, {}).get("draft_model")
+    if planned_draft is None and drafter in (None, "draft-model"):
+        planned_draft = registry().get(model or DEMO_NAME, {}).get("draft_model")
     target = load_target(model, planned_draft)
     return make_engine(target, draft_model, drafter, draft_len, kv_bits, kv_group_size, mtp_hidden)

@@ -14,7 +14,7 @@ class FixedDraftLength:
     """Always `draft_len` (0 is plain decoding), never more than the tokens still wanted."""
 
     def __init__(self, draft_len: int):
-        self.draft_len = draft_len
+        self.draft_len = self.pinned = draft_len
         self.note = f"draft length {draft_len} (pinned)" if draft_len else "drafting off"
 
     def next_draft_len(self, remaining: int) -> int:
@@ -31,6 +31,8 @@ class AdaptiveDraftLength:
         self.plain_time: float | None = None  # T(0), seconds
         self.slope: float | None = None  # extra seconds per drafted token
         self.rounds = 0
+        self.warmed_up = set()  # draft lengths 0 / > 0 seen once: a first round compiles and fills caches
+        self.previous_len = None
         self.draft_len = max_len
         self.note = f"adaptive draft length, up to {max_len}"
 
@@ -70,6 +72,11 @@ class AdaptiveDraftLength:
         d = self.decay
         for j in range(min(draft_len, accepted + 1)):  # positions the verifier actually judged
             self.acceptance[j] = d * self.acceptance[j] + (1 - d) * (j < accepted)
+        first_of_kind = (draft_len > 0) not in self.warmed_up
+        resumed, self.previous_len = draft_len > 0 and self.previous_len == 0, draft_len
+        if first_of_kind or resumed:  # compiling, or a drafter catching up on the rounds it sat out: no cost signal
+            self.warmed_up.add(draft_len > 0)
+            return
         if draft_len == 0:
             self.plain_time = seconds if self.plain_time is None else d * self.plain_time + (1 - d) * seconds
         elif self.plain_time is not None:

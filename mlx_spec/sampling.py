@@ -6,12 +6,14 @@ raw logits for consecutive positions into the processed p (or q) at each of them
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+import numbers
+from dataclasses import asdict, dataclass, fields
 
 import mlx.core as mx
 
 from .errors import SpecError
+
+LIMIT = 1e6  # sampling runs in float32: values past it (or below 1 / LIMIT) overflow into NaN distributions
 
 
 @dataclass(frozen=True)
@@ -28,15 +30,24 @@ class SamplingParams:
     penalty_window: int = 64
 
     def __post_init__(self):
+        for f in fields(self):  # plain Python numbers: mx would wrap a large int to int32 or fail on a huger one
+            value, whole = getattr(self, f.name), f.type == "int"
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+                raise SpecError(f"{f.name} must be a {'whole ' if whole else ''}number, got {value!r}")
+            try:
+                object.__setattr__(self, f.name, int(value) if whole else float(value))
+            except OverflowError:
+                raise SpecError(f"{f.name} is far out of range (a number of {len(str(value))} digits)") from None
         checks = [
-            (math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0"),
+            (self.temperature == 0 or 1 / LIMIT <= self.temperature <= LIMIT,
+             f"temperature must be 0 (greedy) or between {1 / LIMIT:g} and {LIMIT:g}"),
             (self.top_k >= 0, "top_k must be >= 0 (0 disables it)"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1] (1 disables it)"),
+            (1 / LIMIT <= self.top_p <= 1.0, f"top_p must be in [{1 / LIMIT:g}, 1] (1 disables it)"),
             (0.0 <= self.min_p < 1.0, "min_p must be in [0, 1) (0 disables it)"),
-            (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
-             "repetition_penalty must be > 0 (1 disables it)"),
-            (math.isfinite(self.presence_penalty), "presence_penalty must be a finite number"),
-            (math.isfinite(self.frequency_penalty), "frequency_penalty must be a finite number"),
+            (1 / LIMIT <= self.repetition_penalty <= LIMIT,
+             f"repetition_penalty must be between {1 / LIMIT:g} and {LIMIT:g} (1 disables it)"),
+            (abs(self.presence_penalty) <= LIMIT, f"presence_penalty must be between {-LIMIT:g} and {LIMIT:g}"),
+            (abs(self.frequency_penalty) <= LIMIT, f"frequency_penalty must be between {-LIMIT:g} and {LIMIT:g}"),
             (self.penalty_window >= 1, "penalty_window must be >= 1"),
         ]
         for ok, message in checks:

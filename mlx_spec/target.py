@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from . import compat
 from .caches import RecurrentCache, make_caches, rollback, trimmable, unsupported_cache
 from .models import qwen3_5
 
@@ -34,10 +35,10 @@ def _tapped_norm_call(self, x):
 
 def tap_final_norm(model):
     """Make the model's final norm remember its input and output (the pre- and post-norm hidden states)."""
-    norm = getattr(model, "language_model", model).model.norm
+    norm = compat.final_norm(model)
     if not hasattr(type(norm), "tapped"):
-        norm.__class__ = type(f"Tapped{type(norm).__name__}", (type(norm),),
-                              {"__call__": _tapped_norm_call, "tapped": None})
+        compat.swap_class(norm, type(f"Tapped{type(norm).__name__}", (type(norm),),
+                                     {"__call__": _tapped_norm_call, "tapped": None}))
     return norm
 
 
@@ -46,6 +47,7 @@ class Target:
 
     def __init__(self, model, kv_bits: int | None = None, kv_group_size: int = 64, hidden: str | None = None):
         """hidden: "post" or "pre" to return the hidden state after / before the final norm with every Step."""
+        compat.check()
         self.model = model
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
         self.recurrent = qwen3_5.install(model)

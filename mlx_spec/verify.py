@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .drafters import Draft
+from .draft import Draft
 from .sampling import SamplingParams, distributions, greedy_tokens, sample
 
 

@@ -6,7 +6,7 @@ Prints, with the BLAS in use:
   1. mlx-spec with drafting off vs mlx-lm's plain generate_step (greedy; same tokens required)
   2. mlx-spec draft-model speculation vs mlx-lm's speculative_generate_step, same pair and k, T=0
   3. acceptance at T=1.0 with the draft equal to the target: exact rejection sampling vs sample-and-match
-The models are random float32 checkpoints from mlx_spec.tiny (a layer-skip draft of the target); random
+The models are random float32 checkpoints from tests/tiny.py (a layer-skip draft of the target); random
 weights say nothing about acceptance on real text, only about engine overhead and the verification rule.
 """
 
@@ -18,14 +18,16 @@ import sys
 import time
 from pathlib import Path
 
+import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system OpenBLAS on Linux
+
 import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load as mlx_lm_load
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import mlx_spec  # noqa: E402
-from mlx_spec import linux_blas, tiny  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
+import tiny  # noqa: E402
+from mlx_spec import linux_blas  # noqa: E402
 
 PROMPT = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"
 
@@ -55,7 +57,6 @@ def main():
     parser.add_argument("--num-draft", type=int, default=4)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    linux_blas.reexec_with_openblas()
 
     target_path, draft_path = tiny.build_bench_pair(args.hidden, args.layers, args.draft_layers)
     model, tokenizer = mlx_lm_load(str(target_path))

@@ -17,11 +17,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system OpenBLAS on Linux
+
 import mlx.core as mx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import mlx_spec  # noqa: E402
-from mlx_spec import linux_blas, tiny  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
+import tiny  # noqa: E402
+from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import interleaved, median_ms  # noqa: E402
 from mlx_spec.sampling import SamplingParams  # noqa: E402
 
@@ -33,7 +35,6 @@ def main():
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--draft-len", type=int, default=3)
     args = parser.parse_args()
-    linux_blas.reexec_with_openblas()
 
     root = Path(tempfile.mkdtemp(prefix="mlx-spec-bench-"))
     tok = tiny.build_tokenizer(root / "tokenizer")

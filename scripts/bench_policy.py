@@ -17,11 +17,13 @@ import random
 import sys
 from pathlib import Path
 
+import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system OpenBLAS on Linux
+
 import mlx.core as mx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import mlx_spec  # noqa: E402
-from mlx_spec import linux_blas, tiny  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
+import tiny  # noqa: E402
+from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import interleaved  # noqa: E402
 from mlx_spec.drafters import Draft  # noqa: E402
 from mlx_spec.engine import Engine  # noqa: E402
@@ -62,7 +64,6 @@ def main():
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    linux_blas.reexec_with_openblas()
 
     target_path, draft_path = tiny.build_bench_pair(args.hidden, args.layers, 2)
     plain = mlx_spec.load(str(target_path), drafter="off")
@@ -75,7 +76,7 @@ def main():
     adaptive.tokenizer.eos_token_ids = []
     speeds = tokens_per_second({"plain": plain, "adaptive": adaptive}, ids, args.tokens, args.reps)
     print(f"drafts cannot help (layer-skip draft): adaptive {speeds['adaptive']:.2f} vs plain {speeds['plain']:.2f} "
-          f"tok/s = {speeds['adaptive'] / speeds['plain']:.3f}x (goal >= 0.97x); {adaptive.policy.note}")
+          f"tok/s = {speeds['adaptive'] / speeds['plain']:.3f}x (goal >= 0.97x); {adaptive.status().policy}")
 
     reference = plain.generate(ids, max_tokens=args.tokens + 8).tokens
     vocab = len(plain.tokenizer.get_vocab())
@@ -90,7 +91,7 @@ def main():
     print("drafts help (scripted, 80% per-position acceptance): " + ", ".join(
         f"{name} {tps / speeds['plain']:.2f}x" for name, tps in speeds.items()))
     print(f"  adaptive / best fixed ({best}) = {speeds['adaptive'] / speeds[best]:.3f} (goal >= 0.95); "
-          f"{engines['adaptive'].policy.note}")
+          f"{engines['adaptive'].status().policy}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ A random float32 Qwen3.5-layout model (3 Gated DeltaNet layers per gated-attenti
 ~300M parameters at the defaults. Prints, with the BLAS in use (read platform.md: without OpenBLAS a k-token
 forward costs k single-token ones on Linux):
   v(k): one verify forward over k+1 tokens, capturing the recurrent state after every position, relative to
-        one plain decode step (a replay of accepted tokens instead would cost about k+1);
+        one plain decode step (a replay of accepted tokens instead would cost about k+1); beside it the same
+        with the step-by-step recurrence (`recurrence_steps`, the reference), interleaved;
   c:    one MTP draft step relative to one target decode step;
   end-to-end tokens/s of MTP drafting (k = 1, 2) against drafting off, interleaved. The random MTP layer
         agrees with its target almost never, so this row shows the overhead, not a trained model's gain.
@@ -15,17 +16,36 @@ forward costs k single-token ones on Linux):
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system OpenBLAS on Linux
 
 import mlx.core as mx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import mlx_spec  # noqa: E402
-from mlx_spec import linux_blas, tiny  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
+import tiny  # noqa: E402
+from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import interleaved, median_ms  # noqa: E402
+from mlx_spec.models import qwen3_5 as gdn  # noqa: E402
 from mlx_spec.target import Target  # noqa: E402
+
+
+def ratios(cases: dict, reps: int) -> dict:
+    """name -> median over rounds of (time of `cases[name]()` / time of `cases["decode"]()` in the same round):
+    the cases run alternately, after one warm-up round, so that load from other processes hits them alike."""
+    times = {name: [] for name in cases}
+    for rep in range(reps + 1):
+        for name, fn in cases.items():
+            start = time.perf_counter()
+            fn()
+            if rep:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t / d for t, d in zip(times[name], times["decode"])) for name in cases} | {
+        "decode ms": 1000 * statistics.median(times["decode"])}
 
 
 def main():
@@ -35,7 +55,6 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=48)
     args = parser.parse_args()
-    linux_blas.reexec_with_openblas()
 
     root = Path(tempfile.mkdtemp(prefix="mlx-spec-bench-"))
     tok = tiny.build_tokenizer(root / "tokenizer")
@@ -54,18 +73,27 @@ def main():
     prompt = engine.encode("def main(argv):\n    for name in argv:\n        print(name)\n" * 3)
     target.prefill(prompt)
 
-    def forward(n):
+    chunked = gdn.recurrence_with_states
+
+    def forward(n, recurrence=chunked):
         def run():
+            gdn.recurrence_with_states = recurrence  # the one the capturing GDN layers call
             step = target.forward(prompt[-n:])
+            # the final state is computed too: the engine computes one state per layer per round (the kept one)
             mx.eval(step.logits, step.hidden, [c.state for c in target.cache])
             target.rollback(n)  # back to where it was: every call measures the same state
         return run
 
-    decode = median_ms(forward(1), args.reps)
+    cases = {"decode": forward(1)}
+    for k in (1, 2, 3, 4):
+        cases[k], cases[k, "steps"] = forward(k + 1), forward(k + 1, gdn.recurrence_steps)
+    v = ratios(cases, args.reps)
+    gdn.recurrence_with_states = chunked
+    decode = v["decode ms"]
     print(f"  target decode step: {decode:.1f} ms")
     for k in (1, 2, 3, 4):
-        print(f"  v({k}) = {median_ms(forward(k + 1), args.reps) / decode:.2f}   (verify {k + 1} tokens, per-position "
-              "states captured; target v(4) <= 1.3)")
+        print(f"  v({k}) = {v[k]:.2f}   (verify {k + 1} tokens, per-position states captured, chunked; "
+              f"step-by-step recurrence: {v[k, 'steps']:.2f}; target v(4) <= 1.3)")
 
     drafter = engine.drafter
     drafter.begin(prompt, Target(engine.target.model, hidden="post").prefill(prompt[:-1]))

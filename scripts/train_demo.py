@@ -24,6 +24,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system OpenBLAS on Linux
+
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
@@ -31,8 +33,9 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3, qwen3_5
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mlx_spec import linux_blas, tiny  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
+import tiny  # noqa: E402
+from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.convert import convert  # noqa: E402
 from mlx_spec.models.qwen3_5 import MTP, load_mtp  # noqa: E402
 
@@ -257,7 +260,6 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--q-bits", type=int, default=8, help="quantization of the shipped MLX model (0: none)")
     args = parser.parse_args(argv)
-    linux_blas.reexec_with_openblas()
     mx.random.seed(args.seed)
     out = Path(args.out)
 

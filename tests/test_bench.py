@@ -40,3 +40,15 @@ def test_bad_prompts_file_is_refused(tiny, tmp_path):
     prompts.write_text('{"prompt": "fine", "category": "a"}\n{"no": "prompt"}\n')
     proc = run_cli("bench", "--model", str(tiny["qwen3"]), "--prompts", str(prompts))
     assert_one_line_error(proc, "p.jsonl:2")
+
+
+def test_chart_legend_fits_the_canvas():
+    from mlx_spec.bench import svg_chart
+
+    contenders = ["plain", "mtp", "draft-model", "ngram"]
+    report = summarise([Run("code", n, 10.0 + i, 0.5, 1.5) for i, n in enumerate(contenders)], contenders)
+    svg = ET.fromstring(svg_chart(report))
+    width = float(svg.get("width"))
+    labels = {e.text: float(e.get("x")) for e in svg.iter() if e.tag.endswith("text") and e.text in contenders}
+    assert set(labels) == set(contenders)
+    assert all(x + 7 * len(name) <= width for name, x in labels.items())  # ~7 px a character at 11 px

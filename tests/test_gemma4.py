@@ -91,13 +91,18 @@ def fresh_target_state(path, tokens):
 
 
 def reference_kv(target_cfg, layer_kv, window):
-    """Layer type -> the K/V the assistant attends to: the last non-shared target layer of that type; only
-    the last `window` positions for sliding layers."""
+    """Layer type -> the K/V the assistant attends to: the last non-shared target layer of that type. Sliding
+    layers keep what transformers' Gemma4AssistantForCausalLM.create_attention_masks keeps: the key axis is
+    flipped (newest first), the single query has index 0, and sliding_window_bidirectional_overlay allows
+    abs(q_idx - kv_idx) <= window, so the newest window + 1 positions (returned oldest first)."""
     t = target_cfg["text_config"]
     first_shared = t["num_hidden_layers"] - t["num_kv_shared_layers"]
     kv = {kind: layer_kv[i] for i, kind in enumerate(t["layer_types"][:first_shared])}
     keys, values = kv["sliding_attention"]
-    kv["sliding_attention"] = (keys[:, -window:], values[:, -window:])
+    newest_first = np.arange(keys.shape[1])[::-1]
+    q_idx, kv_idx = 0, np.arange(keys.shape[1])
+    kept = np.sort(newest_first[np.abs(q_idx - kv_idx) <= window])
+    kv["sliding_attention"] = (keys[:, kept], values[:, kept])
     return kv
 
 
@@ -143,6 +148,15 @@ def test_drafts_follow_the_reference_equations(tiny, assistant):
         expected.append(token)
     assert drafted == expected
 
+    # the same at temperature 1, numerically: q of each sampled draft against the transcription fed them
+    sampled = engine.drafter.propose(context, 3, SamplingParams(temperature=1.0), mx.random.key(1))
+    token, hidden = context[-1], hidden_states[-1]
+    for step, (drafted_token, q) in enumerate(zip(sampled.tokens.tolist(), np.array(sampled.q))):
+        logits, hidden = assistant_step(w, cfg, embed[token] * scale, hidden, kv, position=len(context) - 1)
+        log_q = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+        np.testing.assert_allclose(np.log(q), log_q, atol=1e-4, err_msg=f"draft step {step}")
+        token = drafted_token
+
 
 def test_assistant_module_matches_the_equations_numerically(tiny):
     cfg = json.loads((tiny["gemma4-assistant"] / "config.json").read_text())
@@ -179,7 +193,8 @@ def test_centroid_head_is_the_dense_head_on_its_candidates_and_minimal_elsewhere
 
 def test_shared_kv_is_exact_past_the_window_after_rollbacks(tiny):
     """After a long generation of rejected drafts (rollback every round, the ring wrapped many times), the K/V
-    the assistant reads are the last window of positions of a fresh forward: same positions, same values."""
+    the assistant reads are the last window + 1 positions of a fresh forward (all of them for full layers):
+    same positions, same values."""
     engine = mlx_spec.load(str(tiny["gemma4"]), draft_model=str(tiny["gemma4-assistant"]), draft_len=4)
     prompt = engine.encode(PROMPT)[:20]
     result = mlx_spec.generate(engine, prompt, max_tokens=90)
@@ -190,7 +205,7 @@ def test_shared_kv_is_exact_past_the_window_after_rollbacks(tiny):
     target_cfg = json.loads((tiny["gemma4"] / "config.json").read_text())
     expected = reference_kv(target_cfg, layer_kv, 16)
     for kind, (keys, values) in engine.drafter.shared_kv().items():
-        assert keys.shape[2] == (16 if kind == "sliding_attention" else len(cached))
+        assert keys.shape[2] == (16 + 1 if kind == "sliding_attention" else len(cached))
         np.testing.assert_allclose(np.array(keys[0]), expected[kind][0], rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(np.array(values[0]), expected[kind][1], rtol=1e-4, atol=1e-4)
 

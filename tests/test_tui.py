@@ -1,14 +1,16 @@
-"""`mlx-spec chat` driven by Textual's pilot on a tiny hybrid model with its MTP drafter."""
+"""`mlx-spec chat` driven by Textual's pilot on a tiny hybrid model with its MTP drafter, and the memory-pressure
+classification the panel shows."""
 
 import asyncio
 
 import pytest
 
 import mlx_spec
-from mlx_spec.policy import FixedDraftLength
+from mlx_spec.engine import Round
+from mlx_spec.memory import classify_pressure, parse_psi
 from mlx_spec.sampling import SamplingParams
-from tui.app import ChatApp
-from tui.widgets.message import MessageView
+from mlx_spec.tui.app import ChatApp
+from mlx_spec.tui.widgets.message import MessageView
 
 
 async def ask(app, pilot, text):
@@ -17,16 +19,37 @@ async def ask(app, pilot, text):
     await pilot.pause()
 
 
-async def wait_done(app, pilot, limit=60.0):
-    for _ in range(int(limit / 0.05)):
-        if not app.screen.generating:
+async def wait_for(pilot, condition, what, limit=60.0):
+    for _ in range(int(limit / 0.02)):
+        if condition():
             return
-        await pilot.pause(0.05)
-    raise AssertionError("generation did not finish")
+        await pilot.pause(0.02)
+    raise AssertionError(f"{what} did not happen within {limit} s")
+
+
+async def wait_done(app, pilot, limit=60.0):
+    await wait_for(pilot, lambda: not app.screen.generating, "the end of the answer", limit)
 
 
 def views(app, role):
     return [v for v in app.screen.query(MessageView) if v.role == role]
+
+
+def panel(app, part):
+    return str(app.screen.query_one(f"#{part}").render())
+
+
+def record_rounds(engine) -> list[int]:
+    """The draft length of every round `engine` runs from now on (the chat's worker thread calls `stream`)."""
+    rounds, stream = [], engine.stream
+
+    def recording(*args, **kwargs):
+        for event in stream(*args, **kwargs):
+            if isinstance(event, Round):
+                rounds.append(event.draft_len)
+            yield event
+    engine.stream = recording
+    return rounds
 
 
 @pytest.fixture
@@ -44,9 +67,9 @@ def test_a_turn_streams_and_updates_the_statistics(engine, tmp_path):
             await wait_done(app, pilot)
             answer = views(app, "assistant")[-1]
             assert answer.text and answer.status == "max_tokens"
-            assert str(app.screen.query_one("#acceptance").render()).startswith("acceptance")
-            assert "tok/s decode" in str(app.screen.query_one("#speed").render())
-            assert "memory pressure" in str(app.screen.query_one("#pressure").render())
+            assert panel(app, "acceptance").startswith("acceptance")
+            assert "tok/s decode" in panel(app, "speed")
+            assert "memory pressure" in panel(app, "pressure")
             assert app.screen.history  # one entry per round
             first_prompt = app.screen.last_stats.prompt_tokens
             await ask(app, pilot, "and again")  # a second turn, with the first in the chat history
@@ -54,27 +77,83 @@ def test_a_turn_streams_and_updates_the_statistics(engine, tmp_path):
             assert len(views(app, "assistant")) == 2 and len(app.screen.messages) == 4
             # the first turn's prompt and answer were not prefilled again
             assert app.screen.last_stats.reused_prompt_tokens >= first_prompt + 24 - 1
-            assert "prompt tokens cached" in str(app.screen.query_one("#speed").render())
+            assert "prompt tokens cached" in panel(app, "speed")
             await pilot.press("ctrl+s")
             saved = list(tmp_path.glob("mlx-spec-chat-*.md"))
             assert saved and "**user:** hello" in saved[0].read_text()
     asyncio.run(run())
 
 
-def test_stop_keeps_the_partial_answer(engine):
+def test_a_stopped_turn_shows_its_own_statistics(engine):
+    """Esc ends the answer after the current round (engine.stop) and the panel shows that turn's drafter and
+    speed, also after F8 switched the drafter (once it showed `drafter: off, 0.0 tok/s`, or the last turn's)."""
+    async def stop_a_long_turn(app, pilot, prompt):
+        await ask(app, pilot, prompt)
+        await wait_for(pilot, lambda: views(app, "assistant")[-1].text, "the first text")
+        await pilot.press("escape")
+        await wait_done(app, pilot)
+        answer = views(app, "assistant")[-1]
+        assert answer.status == "stopped" and answer.text
+        assert app.screen.messages[-1] == {"role": "assistant", "content": answer.text}
+        stats = app.screen.last_stats
+        assert 0 < stats.generated_tokens < 20000 and stats.decode_tps > 0 and stats.rounds > 0
+        assert panel(app, "speed").startswith(f"{stats.decode_tps:.1f} tok/s decode")
+        assert not panel(app, "speed").startswith("0.0 tok/s")
+        assert panel(app, "drafter").startswith(f"drafter: {stats.drafter}\n")
+        return stats
+
     async def run():
         app = ChatApp(engine, SamplingParams(), 20000, "tiny")
         async with app.run_test(size=(100, 30)) as pilot:
-            await ask(app, pilot, "go on forever")
-            for _ in range(200):
-                await pilot.pause(0.05)
-                if views(app, "assistant")[-1].text:
-                    break
+            first = await stop_a_long_turn(app, pilot, "go on forever")
+            assert first.drafter == "mtp" and first.drafted > 0
+            await pilot.press("f8")
+            assert app.engine.status().drafter == "ngram"
+            second = await stop_a_long_turn(app, pilot, "and on")
+            assert second is not first and second.drafter == "ngram"
+            assert second.prompt_tokens > first.prompt_tokens + first.generated_tokens - 1  # this turn's own
+            # Esc pressed with Enter, possibly before the worker even began the stream: not lost
+            await pilot.click("#prompt")
+            await pilot.press(*"stop at once", "enter", "escape")
+            await wait_done(app, pilot)
+            assert views(app, "assistant")[-1].status == "stopped"
+            assert app.screen.last_stats.generated_tokens < 20000
+    asyncio.run(run())
+
+
+def test_keys_during_generation_act_from_the_next_round(engine):
+    """F2/F4/F5 only `pin` the running engine (thread-safe): the turn's later rounds use the new length; F8 and
+    Ctrl+N wait for the answer to end, so no key swaps the engine under the generation thread."""
+    rounds = record_rounds(engine)
+    top = engine.status().max_draft_len
+
+    async def press_then_check(pilot, key, draft_len):
+        await pilot.press(key)
+        assert app.engine.status().draft_len == draft_len  # at once, for the next round
+        pressed = len(rounds)  # rounds[pressed] may have begun before the key: it keeps the old length
+        await wait_for(pilot, lambda: len(rounds) >= pressed + 4, "four more rounds")
+        assert set(rounds[pressed + 1:]) == {draft_len}, (key, rounds[pressed:])
+
+    app = ChatApp(engine, SamplingParams(), 20000, "tiny")
+
+    async def run():
+        async with app.run_test(size=(100, 30)) as pilot:
+            assert engine.status().draft_len is None  # adaptive
+            await ask(app, pilot, "a long answer")
+            await wait_for(pilot, lambda: len(rounds) >= 3, "three rounds")
+            await press_then_check(pilot, "f5", top + 1)  # from the adaptive maximum, pinned one longer
+            await press_then_check(pilot, "f4", top)
+            await press_then_check(pilot, "f2", 0)  # speculation off
+            await press_then_check(pilot, "f2", top)  # back on, to the length it had
+            await pilot.press("f8", "ctrl+n")
+            assert app.engine is engine and app.screen.messages and app.screen.generating
             await pilot.press("escape")
             await wait_done(app, pilot)
-            answer = views(app, "assistant")[-1]
-            assert answer.status == "stopped" and answer.text
-            assert app.screen.messages[-1] == {"role": "assistant", "content": answer.text}
+            stats = app.screen.last_stats
+            assert stats.drafter == "mtp" and len(stats.position_drafted) == top + 1  # the pinned F5 length ran
+            assert stats.rounds == len(rounds)
+            await pilot.press("f8")  # between answers it switches
+            assert app.engine is not engine and app.engine.status().drafter == "ngram"
     asyncio.run(run())
 
 
@@ -83,12 +162,15 @@ def test_keys_change_speculation_temperature_and_chat(engine):
         app = ChatApp(engine, SamplingParams(), 16, "tiny")
         async with app.run_test(size=(100, 30)) as pilot:
             await pilot.press("f2")
-            assert isinstance(engine.policy, FixedDraftLength) and engine.policy.draft_len == 0
+            assert engine.status().draft_len == 0
             await ask(app, pilot, "hi")
             await wait_done(app, pilot)
             assert app.screen.plain_tps  # a turn without speculation measured plain decoding
-            await pilot.press("f2", "f5")
-            assert engine.policy.note.endswith("(pinned)") and engine.policy.draft_len >= 1
+            await pilot.press("f2")
+            assert engine.status().draft_len is None  # back to adaptive, as before F2
+            await pilot.press("f5")
+            status = engine.status()
+            assert status.policy.endswith("(pinned)") and status.draft_len == status.max_draft_len + 1
             await pilot.press("f7", "f7")
             assert app.params.temperature == pytest.approx(0.2)
             await pilot.press("f3")
@@ -116,17 +198,71 @@ def test_f8_switches_drafter_on_the_same_weights(engine):
     async def run():
         app = ChatApp(engine, SamplingParams(), 12, "tiny")
         async with app.run_test(size=(100, 30)) as pilot:
-            assert "drafter 0.0 MiB" not in str(app.screen.query_one("#memory").render())  # the MTP layer
+            assert "drafter 0.0 MiB" not in panel(app, "memory")  # the MTP layer
             names = []
             for _ in range(3):
                 await pilot.press("f8")
-                names.append(app.engine.drafter.name if app.engine.drafter else "off")
+                names.append(app.engine.status().drafter)
                 assert app.engine.target.model is engine.target.model  # loaded once, shared
             assert names == ["ngram", "off", "mtp"]
             await pilot.press("f8")
-            assert "drafter: ngram" in str(app.screen.query_one("#drafter").render())
-            assert "drafter 0.0 MiB" in str(app.screen.query_one("#memory").render())
+            assert "drafter: ngram" in panel(app, "drafter")
+            assert "drafter 0.0 MiB" in panel(app, "memory")
             await ask(app, pilot, "hi")
             await wait_done(app, pilot)
             assert views(app, "assistant")[-1].text and app.screen.last_stats.drafter == "ngram"
     asyncio.run(run())
+
+
+def test_the_layout_fits_80_columns(engine):
+    """At 80x24 the panel is narrower than the transcript and the footer shows every key it lists, quit too."""
+    async def run():
+        app = ChatApp(engine, SamplingParams(), 12, "tiny")
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            transcript, stats = app.screen.query_one("#transcript"), app.screen.query_one("StatsPanel")
+            assert stats.size.width < transcript.size.width and stats.region.right <= 80
+            keys = list(app.screen.query("FooterKey"))
+            assert any(k.action == "app.quit" for k in keys)
+            assert all(k.region.right <= 80 for k in keys)
+    asyncio.run(run())
+
+
+# Linux's /proc/pressure/memory as the kernel writes it
+PSI_FLAT = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+
+
+def psi(some10=0.0, some60=0.0, full10=0.0, full60=0.0) -> str:
+    return (f"some avg10={some10:.2f} avg60={some60:.2f} avg300=0.51 total=48120712\n"
+            f"full avg10={full10:.2f} avg60={full60:.2f} avg300=0.00 total=1303418\n")
+
+
+@pytest.mark.parametrize("available, psi_text, macos, level", [
+    (0.98, psi(some10=5.5, some60=1.2), None, "normal"),  # issue 11: a burst of `some`, memory to spare
+    (0.98, psi(some10=85.0, some60=14.0), None, "normal"),  # a page-cache reclaim burst
+    (0.60, psi(some10=60.0, some60=55.0), None, "warn"),  # tasks waiting on memory for a minute
+    (0.90, psi(some10=12.0, full10=12.0), None, "warn"),  # everything stalled a tenth of the time
+    (0.90, psi(full60=6.0), None, "warn"),
+    (0.90, psi(some10=50.0, full10=45.0), None, "critical"),  # thrashing
+    (0.90, psi(full60=25.0), None, "critical"),
+    (0.10, PSI_FLAT, None, "warn"),
+    (0.03, PSI_FLAT, None, "critical"),
+    (0.50, "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", None, "normal"),  # no `full` line
+    (0.50, None, None, "normal"),  # no PSI: available memory only
+    (0.10, None, None, "warn"),
+    (0.03, None, 1, "normal"),  # macOS: its own level decides
+    (0.90, None, 2, "warn"),
+    (0.90, None, 4, "critical"),
+    (0.03, None, 0, "critical"),  # an unknown level: judged like any other system
+])
+def test_memory_pressure_classification(available, psi_text, macos, level):
+    got, detail = classify_pressure(available, psi_text, macos)
+    assert got == level, detail
+    assert f"{available:.0%} available" in detail
+
+
+def test_psi_parsing():
+    assert parse_psi(psi(some10=5.5, full60=1.25)) == {
+        "some": {"avg10": 5.5, "avg60": 0.0, "avg300": 0.51, "total": 48120712.0},
+        "full": {"avg10": 0.0, "avg60": 1.25, "avg300": 0.0, "total": 1303418.0}}
+    assert "PSI 10 s: some 5.5%, full 0.0%" in classify_pressure(0.98, psi(some10=5.5))[1]

@@ -1,4 +1,5 @@
-"""The drafter protocol. Each drafter lives in its own module and registers nothing elsewhere."""
+"""The drafter protocol and the one table of drafters that the CLI, the chat, bench and loading read.
+Each drafter lives in its own module."""
 
 from __future__ import annotations
 
@@ -7,21 +8,34 @@ from typing import Callable, Protocol
 
 import mlx.core as mx
 
+from ..draft import Draft
 from ..sampling import SamplingParams, distributions, greedy_tokens, sample
 from ..target import Step
 
 
-@dataclass
-class Draft:
-    """Proposed continuation: `tokens` (k,) and the distributions `q` (k, V) they were drawn from
-    (None for deterministic drafters, whose q is one-hot)."""
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    help: str
+    max_draft_len: int  # the adaptive policy's upper bound unless models.toml recommends one
 
-    tokens: mx.array
-    q: mx.array | None = None
 
-    @classmethod
-    def empty(cls) -> "Draft":
-        return cls(mx.zeros((0,), dtype=mx.int32))
+DRAFTERS = {kind.name: kind for kind in [
+    DrafterKind("mtp", "the checkpoint's own multi-token prediction layer (Qwen 3.5 / 3.6, Qwen3-Next)", 3),
+    DrafterKind("draft-model", "a smaller model of the same vocabulary, or a Gemma 4 assistant (--draft-model)", 6),
+    DrafterKind("ngram", "prompt lookup: continue as the prompt or output continued before; no extra memory", 6),
+    DrafterKind("off", "plain decoding", 0),
+]}
+ASSISTANT_MAX_DRAFT_LEN = 4  # a Gemma 4 assistant, the draft-model drafter's other kind
+DEFAULT_ORDER = ("the draft model given with --draft-model, else the checkpoint's MTP layer when it has one, "
+                 "else the draft model models.toml lists, else ngram")
+
+
+def default_drafter(draft_model_given: bool, has_mtp: bool, listed_draft_model: bool) -> str:
+    """The drafter used when none is chosen, in DEFAULT_ORDER."""
+    if draft_model_given:
+        return "draft-model"
+    return "mtp" if has_mtp else "draft-model" if listed_draft_model else "ngram"
 
 
 class Drafter(Protocol):

@@ -1,11 +1,14 @@
 """Drafting with a Gemma 4 assistant checkpoint.
 
 The assistant has no cache of its own: every draft step attends to the target's verified K/V, read from the
-target's caches once per round (`caches.visible_kv`: exactly the last `sliding_window` positions for sliding
-layers, however often the ring buffer has wrapped or been rolled back; all positions for full layers). The
-query position is that of the round's first input token (the target's last sampled token, p + 1 when the
-cache holds positions 0..p) for every step, as in the transformers reference; drafted tokens reach the next
-step only through the fed-back `post_projection` state and their embedding.
+target's caches once per round (`caches.visible_kv`; all positions for full layers). For sliding layers it
+reads the last `sliding_window + 1` positions, p - w..p when the cache holds positions 0..p, however often
+the ring buffer has wrapped or been rolled back: the transformers reference (`Gemma4AssistantForCausalLM.
+create_attention_masks`) flips the key axis newest-first and applies the bidirectional sliding-window mask
+`abs(q_idx - kv_idx) <= w` to its single query at index 0, which keeps w + 1 keys, one more than the target's
+own causal window. The query position is that of the round's first input token (the target's last sampled
+token, p + 1) for every step, as in the reference; drafted tokens reach the next step only through the
+fed-back `post_projection` state and their embedding.
 """
 
 from __future__ import annotations
@@ -39,14 +42,15 @@ class AssistantDrafter:
         self.assistant, self.target = assistant, target
         self.weights = assistant
         text = text_model(target.model)
-        self.embed, self.embed_scale, self.window = text.embed_tokens, text.embed_scale, text.window_size
+        self.embed, self.embed_scale = text.embed_tokens, text.embed_scale
+        self.sliding_keys = text.window_size + 1  # the reference's mask: abs(q - kv) <= sliding_window
         self.sources = shared_kv_sources(target.model)
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         self.last_hidden = prompt_step.hidden[-1:] if len(context) > 1 else None
 
     def shared_kv(self) -> dict:
-        return {kind: visible_kv(self.target.cache[i], self.window if kind == "sliding_attention" else None)
+        return {kind: visible_kv(self.target.cache[i], self.sliding_keys if kind == "sliding_attention" else None)
                 for kind, i in self.sources.items()}
 
     def _step(self, token: mx.array) -> mx.array:

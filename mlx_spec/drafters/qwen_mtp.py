@@ -2,8 +2,10 @@
 
 MTP row p pairs embed(t_{p+1}) with the target's hidden state h_p and predicts t_{p+2}. The last row built
 from verified target states scores the first draft of the next round; each further draft feeds back the MTP
-layer's own post-norm output. After verification the draft-time rows are dropped and the rows for the
-accepted tokens and the target's own next token are rebuilt from the target's verified hidden states.
+layer's own post-norm output. After verification the draft-time rows are dropped; the rows for the
+accepted tokens and the target's own next token are rebuilt from the target's verified hidden states when the
+next draft is asked for, in one batched forward however many rounds ran without drafting (the policy's
+"off": no MTP work per round then).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class MTPDrafter:
         """The target must be run with `Target(..., hidden=...)`: its Steps carry the hidden states fed here."""
         self.mtp = self.weights = mtp
         self.caches: list = []
+        self.pending: list[tuple[list[int], mx.array]] = []  # verified (tokens, hidden) without rows yet
         self.embed, self.head = text_model(target_model).model.embed_tokens, lm_head(target_model)
         self.last_hidden = None  # the target's hidden state at the last position of its cache
 
@@ -33,7 +36,9 @@ class MTPDrafter:
         first = prompt_step.start - 1  # the first row to (re)build
         if first < 0:
             self.caches, first, hidden = make_caches(self.mtp, MAX_DRAFT_LEN + 1), 0, prompt_step.hidden
+            self.pending = []
         else:
+            self._catch_up()  # the previous sequence's rows, of which the reused prefix keeps some
             rows = self.caches[0].offset
             rollback(self.caches, rows - first, rows)
             hidden = mx.concatenate([self.last_hidden, prompt_step.hidden])
@@ -53,17 +58,28 @@ class MTPDrafter:
         self.next_logits = self.head(self.mtp_hidden)
         return self.next_logits
 
+    def _catch_up(self) -> None:
+        """Build the rows of every round since the last draft, in one forward."""
+        if self.pending:
+            tokens = [t for chunk, _ in self.pending for t in chunk]
+            self._rows(tokens, mx.concatenate([hidden for _, hidden in self.pending]))
+            self.pending = []
+
     def _draft_step(self, token: mx.array) -> mx.array:
         self.draft_rows += 1
         return self._rows(token, self.mtp_hidden)
 
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
-        if k == 0 or self.next_logits is None:
+        if k == 0:
+            return Draft.empty()
+        self._catch_up()
+        if self.next_logits is None:
             return Draft.empty()
         return draft_autoregressively(self.next_logits, self._draft_step, k, params, context, key)
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
-        rollback(self.caches, self.draft_rows, MAX_DRAFT_LEN + 1)
-        self.draft_rows = 0
-        self._rows(context[-(accepted + 1):], step.hidden)
+        if self.draft_rows:
+            rollback(self.caches, self.draft_rows, MAX_DRAFT_LEN + 1)
+            self.draft_rows = 0
+        self.pending.append((context[-(accepted + 1):], step.hidden))
         self.last_hidden = step.hidden[-1:]

@@ -2,7 +2,9 @@
 
 A small Gemma 4 text stack whose every layer is KV-shared: it has queries only and attends to the target's
 cached K/V (the last non-KV-shared target layer of each type, sliding and full), with attention scale 1.0
-(mlx-lm's own Gemma 4 `DecoderLayer` with `shared_kv`, reused as is). One draft step:
+(mlx-lm's own Gemma 4 `DecoderLayer` with `shared_kv`, reused as is). Which K/V it is given is the caller's
+choice: the drafter passes all positions for full layers and the last `sliding_window + 1` for sliding ones,
+what the reference's bidirectional sliding mask `abs(q - kv) <= sliding_window` leaves visible. One draft step:
 
     x = pre_projection(concat[target_embed(token) * sqrt(H_target), h])   h: target post-norm hidden, then
     x = norm(layers(x, query position constant for the round))               the previous step's post_projection
@@ -23,6 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
+from ..compat import gemma4_layer
 from ..errors import SpecError
 from . import materialize
 
@@ -93,7 +96,7 @@ class Gemma4Assistant(nn.Module):
         x = self.pre_projection(mx.concatenate([token_embedding, hidden], axis=-1))
         for layer in self.model.layers:
             mask = masks and masks[layer.layer_type]
-            x, _, _ = layer(x, mask, None, shared_kv=shared_kv[layer.layer_type], offset=position)
+            x = gemma4_layer(layer, x, mask, shared_kv[layer.layer_type], position)
         x = self.model.norm(x)
         if "masked_embedding" in self:
             logits = self.masked_embedding(x, self.model.embed_tokens)

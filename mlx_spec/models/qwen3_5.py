@@ -8,21 +8,25 @@ also keeps the conv inputs and the recurrent state after each position of a mult
 then picks the state of the last accepted position (see `caches.RecurrentCache`). Single-token steps and
 prefill run mlx-lm's own code unchanged.
 
-This is the ops path on every device; on Metal it runs the recurrence step by step instead of mlx-lm's fused
-kernel (which returns only the final state), which is exact but slower for verification.
+The multi-token recurrence is computed in chunked form (`recurrence_with_states`: a few small matmuls instead
+of one pass over the state per token), the same ops on every device; the state after each position is a lazy
+expression that MLX only computes for the position that is kept.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from ..caches import RecurrentCache
+from ..compat import swap_class
 from ..errors import SpecError
 from . import materialize
 
@@ -37,8 +41,9 @@ def gated_delta_step(q, k, v, g, beta, state):
     return (state @ q[..., None])[..., 0].astype(q.dtype), state
 
 
-def recurrence_with_states(q, k, v, a, b, A_log, dt_bias, state):
-    """mlx-lm's gated delta recurrence (`gated_delta_ops`), also returning the state after each step."""
+def recurrence_steps(q, k, v, a, b, A_log, dt_bias, state):
+    """mlx-lm's gated delta recurrence (`gated_delta_ops`) step by step, also returning the state after each
+    step: the reference for `recurrence_with_states`."""
     beta, g = mx.sigmoid(b), compute_g(A_log, a, dt_bias)
     B, T, Hk, Dk = q.shape
     Hv, Dv = v.shape[-2:]
@@ -54,6 +59,72 @@ def recurrence_with_states(q, k, v, a, b, A_log, dt_bias, state):
     return mx.stack(ys, axis=1), states
 
 
+@lru_cache(maxsize=None)
+def _masks(T: int):
+    """Causal (i <= t) and strict (i < t) masks, and per doubling level s = 1, 2, 4, ... the blocks below the
+    diagonal inside each 2s-block: (t, i) with t // 2s == i // 2s and t // s > i // s."""
+    t, i = np.arange(T)[:, None], np.arange(T)[None, :]
+    sizes = 2 ** np.arange((T - 1).bit_length())
+    levels = [mx.array((t // (2 * s) == i // (2 * s)) & (t // s > i // s)) for s in sizes]
+    return mx.array(t >= i), mx.array(t > i), levels
+
+
+@mx.compile
+def _chunk(q, k, v, a, b, A_log, dt_bias, state):
+    """Outputs Y and what the states are made of (U^T, D, gamma, K) for one chunk; see `recurrence_with_states`."""
+    (B, T, Hk, Dk), Hv, dtype = q.shape, v.shape[-2], q.dtype
+    beta = mx.sigmoid(b).astype(mx.float32).swapaxes(1, 2)
+    log_g = (-mx.exp(A_log.astype(mx.float32)) * nn.softplus(a + dt_bias)).swapaxes(1, 2)  # log of compute_g
+    if Hv // Hk > 1:
+        q, k = mx.repeat(q, Hv // Hk, -2), mx.repeat(k, Hv // Hk, -2)
+    q, k, v = (x.swapaxes(1, 2).astype(mx.float32) for x in (q, k, v))  # per head: (T, Dk), (T, Dv)
+    causal, strict, levels = _masks(T)
+    # D[t, i] = exp(sum_{i<j<=t} log g_j): segment sums, not differences of a cumulative sum (no cancellation)
+    D = mx.exp(mx.where(causal, mx.cumsum(mx.where(strict, log_g[..., None], 0), axis=-2), -mx.inf))
+    gamma = mx.exp(mx.cumsum(log_g, axis=-1))[..., None]
+    kq = mx.concatenate([k, q], axis=-2)
+    KK, QK = mx.split(kq @ k.swapaxes(-1, -2), 2, axis=-2)
+    KS, QS = mx.split(kq @ state.swapaxes(-1, -2), 2, axis=-2)  # S_0 is read once
+    A = mx.where(strict, beta[..., None] * D * KK, 0)
+    X = mx.broadcast_to(mx.eye(T), A.shape)  # (I + A)^-1 by block doubling: X <- X - X E_s X
+    for level in levels:
+        X = X - X @ (A * level) @ X
+    U = X @ (beta[..., None] * (v - gamma * KS))
+    y = gamma * QS + (D * QK) @ U
+    return y.swapaxes(1, 2).astype(dtype), U.swapaxes(-1, -2), D, gamma, k
+
+
+def recurrence_with_states(q, k, v, a, b, A_log, dt_bias, state):
+    """mlx-lm's gated delta recurrence over T tokens, in chunked (WY) form, with the state after each step.
+
+    Per value head, with S (Dv, Dk), g_t = exp(log g_t), the step (`gated_delta_step`) is
+        S_t = g_t S_{t-1} + u_t k_t^T,   u_t = beta_t (v_t - g_t S_{t-1} k_t),   y_t = S_t q_t.
+    Unrolled from S_0, with D[t, i] = g_{i+1} ... g_t (1 on the diagonal, 0 above) and gamma_t = g_1 ... g_t:
+        S_t = gamma_t S_0 + sum_{i<=t} D[t, i] u_i k_i^T
+        u_t + beta_t sum_{i<t} D[t, i] (k_t . k_i) u_i = beta_t (v_t - gamma_t S_0 k_t)    (I + A) U = R
+        y_t = gamma_t S_0 q_t + sum_{i<=t} D[t, i] (q_t . k_i) u_i             Y = gamma Q S_0^T + (D * Q K^T) U
+    A is strictly lower triangular, so (I + A)^-1 comes from ceil(log2 T) block-doubling steps. S_0 is read once;
+    each S_t is a lazy rank-T update of S_0 that MLX computes only if it is used (rollback keeps one)."""
+    if state is None:
+        B, _, Hv, Dv = v.shape
+        state = mx.zeros((B, Hv, Dv, q.shape[-1]), dtype=mx.float32)
+    y, Ut, D, gamma, k = _chunk(q, k, v, a, b, A_log, dt_bias, state)
+    return y, [gamma[..., t:t + 1, :] * state + (Ut * D[..., t:t + 1, :]) @ k for t in range(q.shape[1])]
+
+
+@mx.compile
+def depthwise_conv_silu(x, weight):
+    """silu(conv1d(x)) of the layer's depthwise causal conv (weight (C, K, 1), no bias, no padding) as K
+    shifted multiply-adds in float32: MLX's grouped conv makes one tiny product per channel."""
+    K = weight.shape[1]
+    T = x.shape[1] - K + 1
+    w = weight[..., 0].astype(mx.float32)
+    out = x[:, :T].astype(mx.float32) * w[:, 0]
+    for j in range(1, K):
+        out = out + x[:, j:j + T].astype(mx.float32) * w[:, j]
+    return nn.silu(out.astype(x.dtype))
+
+
 class CapturingGDN:
     """Mixed into mlx-lm's GDN layer classes: same computation, and per-position states while capturing."""
 
@@ -65,7 +136,7 @@ class CapturingGDN:
         n_keep = self.conv_kernel_size - 1
         conv_state = cache[0] if cache[0] is not None else mx.zeros((B, n_keep, self.conv_dim), inputs.dtype)
         conv_input = mx.concatenate([conv_state, mixed_qkv], axis=1)
-        conv_out = nn.silu(self.conv1d(conv_input))
+        conv_out = depthwise_conv_silu(conv_input, self.conv1d.weight)
         q, k, v = [
             t.reshape(B, S, h, d)
             for t, h, d in zip(mx.split(conv_out, [self.key_dim, 2 * self.key_dim], -1),
@@ -102,7 +173,7 @@ def install(model) -> bool:
     for layer in getattr(model, "layers", []):
         for plain, capturing in CAPTURING.items():
             if isinstance(getattr(layer, "linear_attn", None), plain):
-                layer.linear_attn.__class__ = capturing
+                swap_class(layer.linear_attn, capturing)
                 found = True
     return found
 

@@ -1,5 +1,9 @@
 """The chat screen: transcript, live statistics, prompt; generation runs in a thread worker that posts
-messages, so the interface never waits on the model."""
+messages, so the interface never waits on the model.
+
+Threads: the worker thread is the only one that runs the engine (`stream`); the interface thread only calls what
+the engine allows from any thread (`pin`, `stop`, `status`), and swaps engines (F8) only between answers. Each
+turn carries the engine it runs on, so a swap can never reach a turn in progress."""
 
 from __future__ import annotations
 
@@ -16,17 +20,31 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
-from mlx_spec.engine import Done, Round, Token
+from mlx_spec.engine import Done, Engine, Round, Text, Token
 from mlx_spec.errors import SpecError
-from mlx_spec.loading import available_drafters, with_drafter
+from mlx_spec.prompts import prompt_text, render_prompt
+from mlx_spec.sampling import SamplingParams
 from mlx_spec.stats import Stats
 
 from ..widgets.message import MessageView
 from ..widgets.stats import StatsPanel
 
 HELP = ("Enter sends. Esc stops the answer (keeping what came). F2 speculation on/off, F3 colour drafted tokens, "
-        "F4/F5 draft length -/+ (pins it), F6/F7 temperature -/+, F8 next drafter, Ctrl+N new chat, "
-        "Ctrl+S save transcript, Ctrl+Q quit.")
+        "F4/F5 draft length -/+ (pins it), F6/F7 temperature -/+, F8 next drafter (between answers), "
+        "Ctrl+N new chat, Ctrl+S save transcript, Ctrl+Q quit. F2/F4/F5 act on the answer being written from "
+        "its next round.")
+
+DRAFT = Binding.Group("Draft", compact=True)
+
+
+@dataclasses.dataclass
+class Turn:
+    """One answer to write, fixed when the user sends: the worker touches nothing else of the screen's."""
+
+    engine: Engine
+    messages: list[dict]
+    params: SamplingParams
+    max_tokens: int
 
 
 class TokenArrived(Message):
@@ -36,9 +54,9 @@ class TokenArrived(Message):
 
 
 class RoundDone(Message):
-    def __init__(self, mean_length: float):
+    def __init__(self, draft_len: int, accepted: int):
         super().__init__()
-        self.mean_length = mean_length
+        self.draft_len, self.accepted = draft_len, accepted
 
 
 class TurnDone(Message):
@@ -56,17 +74,19 @@ class TurnFailed(Message):
 class ChatScreen(Screen):
     BINDINGS = [
         Binding("escape", "stop", "Stop", priority=True),
-        Binding("f2", "toggle_speculation", "Speculation"),
-        Binding("f3", "toggle_colour", "Colour"),
-        Binding("f4", "draft_length(-1)", "Draft -"),
-        Binding("f5", "draft_length(1)", "Draft +"),
-        Binding("f6", "temperature(-0.1)", "Temp -"),
-        Binding("f7", "temperature(0.1)", "Temp +"),
+        Binding("f1", "help", "Help"),
+        Binding("ctrl+q", "app.quit", "Quit", priority=True),
+        Binding("f2", "toggle_speculation", "Spec"),
+        Binding("f3", "toggle_colour", "Colour", show=False),  # F1 lists every key; the footer fits 80 columns
+        Binding("f4", "draft_length(-1)", "Draft -", group=DRAFT),
+        Binding("f5", "draft_length(1)", "Draft +", group=DRAFT),
+        Binding("f6", "temperature(-0.1)", "Temp -", show=False),
+        Binding("f7", "temperature(0.1)", "Temp +", show=False),
         Binding("f8", "next_drafter", "Drafter"),
         Binding("ctrl+n", "new_chat", "New", priority=True),
         Binding("ctrl+s", "save", "Save", priority=True),
-        Binding("f1", "help", "Help"),
     ]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]  # a screen class, for app.tcss
 
     def __init__(self):
         super().__init__()
@@ -74,33 +94,41 @@ class ChatScreen(Screen):
         self.history: list[float] = []  # tokens per target forward, per round
         self.generating = False
         self.stop_requested = False
-        self.speculating = True
+        self.turn_engine: Engine | None = None  # the engine of the turn in progress
+        self.plain_turn = False  # whether the turn in progress decodes without drafting
         self.plain_tps: float | None = None
         self.last_stats: Stats | None = None
         self.answer: MessageView | None = None
-        self.requests: queue.Queue = queue.Queue()  # conversations to answer; None ends the worker
+        self.requests: queue.Queue[Turn | None] = queue.Queue()  # turns to answer; None ends the worker
         self.worker = threading.Thread(target=self.serve, name="mlx-spec-generate")
-        self.engines: dict = {}  # drafter name -> engine, built on first switch
+        self.engines: dict[str, Engine] = {}  # drafter name -> engine, built on first switch
         self.sequence_text, self.sequence_ids = "", []  # the conversation so far, as text and as tokens
+        self.draft_len: int | None = None  # what the user wants, kept across drafters: None adaptive, 0 off
+        self.draft_len_on: int | None = None  # what F2 turns speculation back on to
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="body"):
             yield VerticalScroll(id="transcript")
             yield StatsPanel()
-        yield Input(placeholder="Ask something (F1: keys)", id="prompt")
-        yield Footer()
+        prompt = Input(placeholder="Ask something (F1: keys)", id="prompt")
+        prompt.cursor_blink = not self.app.steady
+        yield prompt
+        yield Footer(show_command_palette=False, compact=True)
 
     def on_mount(self) -> None:
+        status = self.engine.status()
+        if status.drafter != "off":
+            self.draft_len = status.draft_len
+            self.draft_len_on = status.draft_len or None
         self.worker.start()
         self.query_one("#prompt", Input).focus()
         if self.app.notice:
             self.add_message(MessageView("note", self.app.notice))
-        self.notify_stats(Stats(drafter=self.engine.drafter.name if self.engine.drafter else "off",
-                                policy=self.engine.policy.note))
+        self.show_status()
 
     @property
-    def engine(self):
+    def engine(self) -> Engine:
         return self.app.engine
 
     def add_message(self, view: MessageView) -> MessageView:
@@ -117,85 +145,84 @@ class ChatScreen(Screen):
         self.messages.append({"role": "user", "content": text})
         self.add_message(MessageView("user", text))
         self.answer = self.add_message(MessageView("assistant"))
-        self.generating, self.stop_requested = True, False
-        self.generate(list(self.messages))
-
-    def generate(self, messages: list[dict]) -> None:
-        self.requests.put(messages)
+        self.generating, self.stop_requested, self.turn_engine = True, False, self.engine
+        self.plain_turn = self.engine.status().draft_len == 0
+        self.requests.put(Turn(self.engine, list(self.messages), self.app.params, self.app.max_tokens))
 
     def serve(self) -> None:
         """Every turn runs on this one thread (not daemonic, joined on unmount): MLX arrays belong to the thread
         that made them, and the prompt cache carries arrays from one turn to the next."""
-        while (messages := self.requests.get()) is not None:
-            self.run_turn(messages)
+        while (turn := self.requests.get()) is not None:
+            self.run_turn(turn)
 
     def on_unmount(self) -> None:
-        self.stop_requested = True
+        self.action_stop()
         self.requests.put(None)
         self.worker.join()
 
-    def prompt_ids(self, messages: list[dict]) -> tuple[str, list[int]]:
+    def prompt_ids(self, tokenizer, messages: list[dict]) -> tuple[str, list[int]]:
         """The rendered conversation and its tokens: the tokens of the previous turns exactly as they were
         prefilled and generated, then the new text, so the engine reuses its cache for all of the former."""
-        tokenizer = self.engine.tokenizer
-        rendered = (tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-                    if tokenizer.has_chat_template else "\n".join(m["content"] for m in messages))
+        rendered, _ = prompt_text(tokenizer, messages)
         if self.sequence_ids and rendered.startswith(self.sequence_text):
             new_text = rendered[len(self.sequence_text):]
             return rendered, self.sequence_ids + tokenizer.encode(new_text, add_special_tokens=False)
-        return rendered, tokenizer.encode(rendered, add_special_tokens=False)
+        return rendered, render_prompt(tokenizer, messages)
 
-    def run_turn(self, messages: list[dict]) -> None:
+    def run_turn(self, turn: Turn) -> None:
+        """On the worker thread: stream one answer and post what happens."""
+        engine = turn.engine
         try:
-            rendered, prompt = self.prompt_ids(messages)
-            answer_ids, answer_text = [], ""
-            for event in self.engine.stream(prompt, self.app.params, self.app.max_tokens):
+            rendered, prompt = self.prompt_ids(engine.tokenizer, turn.messages)
+            answer_ids = []
+            for event in engine.stream(prompt, turn.params, turn.max_tokens):
                 if self.stop_requested:
-                    self.post_message(TurnDone(self.engine_stats(), "stopped", self.answer.text))
-                    break
+                    engine.stop()  # again: a stop that came before the stream began was reset by it
                 if isinstance(event, Token):
-                    answer_ids += [event.id] if event.id >= 0 else []
-                    answer_text += event.text
-                    if event.text:
-                        self.post_message(TokenArrived(event.text, event.from_draft))
+                    answer_ids.append(event.id)
+                if isinstance(event, (Token, Text)) and event.text:
+                    self.post_message(TokenArrived(event.text, isinstance(event, Token) and event.from_draft))
                 elif isinstance(event, Round):
-                    self.post_message(RoundDone(1 + event.accepted))
+                    self.post_message(RoundDone(event.draft_len, event.accepted))
                 elif isinstance(event, Done):
+                    # the last thing this thread does for the turn, before the interface may start another
+                    self.sequence_text, self.sequence_ids = rendered + event.text, prompt + answer_ids
                     self.post_message(TurnDone(event.stats, event.stop_reason, event.text))
-            self.sequence_text, self.sequence_ids = rendered + answer_text, prompt + answer_ids
         except SpecError as e:
             self.post_message(TurnFailed(str(e)))
         except Exception as e:  # shown in the interface, never as a traceback over it
             self.post_message(TurnFailed(f"{type(e).__name__}: {e}"))
-
-    def engine_stats(self) -> Stats:
-        return dataclasses.replace(self.last_stats or Stats(), policy=self.engine.policy.note)
 
     def on_token_arrived(self, message: TokenArrived) -> None:
         self.answer.append(message.text, message.from_draft)
         self.query_one("#transcript", VerticalScroll).scroll_end(animate=False)
 
     def on_round_done(self, message: RoundDone) -> None:
-        self.history.append(message.mean_length)
+        self.history.append(1 + message.accepted)
+        self.query_one(StatsPanel).show_history(self.history)
 
     def on_turn_done(self, message: TurnDone) -> None:
-        self.generating = False
+        self.generating, self.turn_engine = False, None
         self.messages.append({"role": "assistant", "content": self.answer.text})
         self.answer.status = message.reason
         self.answer.refresh_text()
-        if message.reason != "stopped":
-            self.last_stats = message.stats
-            if message.stats.drafter == "off" or not self.speculating:
-                self.plain_tps = message.stats.decode_tps
-        self.notify_stats(self.last_stats or message.stats)
+        self.last_stats = message.stats  # a stopped turn's too: the engine measured what it ran
+        if self.plain_turn and message.stats.drafted == 0 and message.stats.generated_tokens:
+            self.plain_tps = message.stats.decode_tps
+        self.notify_stats(message.stats)
 
     def on_turn_failed(self, message: TurnFailed) -> None:
-        self.generating = False
+        self.generating, self.turn_engine = False, None
         if self.answer is not None and not self.answer.text:
             self.answer.remove()
         self.add_message(MessageView("error", message.error))
         if self.messages and self.messages[-1]["role"] == "user":
             self.messages.pop()
+
+    def show_status(self) -> None:
+        """The panel before any turn with this engine: its drafter and policy."""
+        status = self.engine.status()
+        self.notify_stats(Stats(drafter=status.drafter, policy=status.policy))
 
     def notify_stats(self, stats: Stats) -> None:
         self.query_one(StatsPanel).show(stats, self.history, self.plain_tps, self.app.memory_report(self.engine))
@@ -203,11 +230,37 @@ class ChatScreen(Screen):
     def action_stop(self) -> None:
         if self.generating:
             self.stop_requested = True
+            self.turn_engine.stop()  # thread-safe: the turn ends after its current round
+
+    def set_draft_len(self, draft_len: int | None) -> None:
+        """Pin (or free, with None) the draft length; a turn in progress uses it from its next round."""
+        self.engine.pin(draft_len)
+        self.draft_len = draft_len
+        if draft_len != 0:
+            self.draft_len_on = draft_len
+
+    def has_drafter(self) -> bool:
+        if self.engine.status().drafter == "off":
+            self.notify("no drafter: F8 chooses one")
+            return False
+        return True
 
     def action_toggle_speculation(self) -> None:
-        self.speculating = not self.speculating
-        self.engine.pin(None if self.speculating else 0)
-        self.notify(f"speculation {'on: ' + self.engine.policy.note if self.speculating else 'off'}")
+        if self.has_drafter():
+            self.set_draft_len(self.draft_len_on if self.draft_len == 0 else 0)
+            self.notify(f"speculation {'off' if self.draft_len == 0 else 'on: ' + self.engine.status().policy}")
+
+    def action_draft_length(self, change: int) -> None:
+        if not self.has_drafter():
+            return
+        status = self.engine.status()
+        current = status.max_draft_len if self.draft_len is None else self.draft_len
+        try:
+            self.set_draft_len(max(0, min(status.max_draft_len * 2, current + change)))
+        except SpecError as e:
+            self.notify(str(e), severity="warning")
+            return
+        self.notify(self.engine.status().policy)
 
     def action_toggle_colour(self) -> None:
         for view in self.query(MessageView):
@@ -216,37 +269,36 @@ class ChatScreen(Screen):
 
     def action_next_drafter(self) -> None:
         """Switch to the next drafter this model can use (then off); the weights stay loaded, once."""
-        if self.generating or not hasattr(self.engine, "loaded"):
+        status = self.engine.status()
+        if len(status.drafters) < 2:
+            self.notify("no other drafter for this model")
             return
-        choices = available_drafters(self.engine.loaded, self.engine.options["draft_model"]) + ["off"]
-        current = self.engine.drafter.name if self.engine.drafter else "off"
-        current = "draft-model" if current == "assistant" else current
+        if self.generating:
+            self.notify("the drafter changes between answers (Esc stops this one)")
+            return
+        choices = status.drafters
+        current = "draft-model" if status.drafter == "assistant" else status.drafter
         choice = choices[(choices.index(current) + 1) % len(choices)] if current in choices else choices[0]
         try:
-            self.app.engine = self.engines.get(choice) or with_drafter(self.engine, choice)
+            self.app.engine = self.engines.get(choice) or self.engine.with_drafter(choice)
         except SpecError as e:
             self.add_message(MessageView("error", str(e)))
             return
         self.engines[choice] = self.app.engine
-        self.engine.pin(None if self.speculating else 0)
+        if choice != "off":
+            self.engine.pin(self.draft_len)
         self.history.clear()
         self.notify(f"drafter: {choice}")
-        self.notify_stats(Stats(drafter=self.engine.drafter.name if self.engine.drafter else "off",
-                                policy=self.engine.policy.note))
-
-    def action_draft_length(self, change: int) -> None:
-        current = getattr(self.engine.policy, "draft_len", 0) or 0
-        self.engine.pin(max(0, min(self.engine.max_draft_len * 2, current + change)))
-        self.speculating = self.engine.policy.draft_len > 0
-        self.notify(self.engine.policy.note)
+        self.show_status()
 
     def action_temperature(self, change: float) -> None:
         temperature = round(max(0.0, self.app.params.temperature + change), 2)
         self.app.params = dataclasses.replace(self.app.params, temperature=temperature)
-        self.notify(f"temperature {temperature}")
+        self.notify(f"temperature {temperature}" + (" from the next answer" if self.generating else ""))
 
     def action_new_chat(self) -> None:
         if self.generating:
+            self.notify("a new chat starts between answers (Esc stops this one)")
             return
         self.messages.clear()
         self.history.clear()

@@ -425,8 +425,8 @@ def distill_gemma4_assistant(out_dir: str | Path, assistant_dir: str | Path, tar
     from mlx_lm.models.cache import KVCache
     from mlx_lm.utils import load_model
 
-    from .drafters.gemma4_assistant import shared_kv_sources
-    from .models.gemma4_assistant import load_assistant
+    from mlx_spec.drafters.gemma4_assistant import shared_kv_sources
+    from mlx_spec.models.gemma4_assistant import load_assistant
 
     mx.random.seed(seed)
     target, _ = load_model(Path(target_dir))

@@ -1,0 +1,108 @@
+"""Every use of mlx-lm internals, in one place, with a self-check at first use.
+
+mlx-spec relies on things mlx-lm does not promise to keep between releases:
+- `RotatingKVCache._idx`, its ring-buffer write index (rollback of sliding-window caches, `visible_kv`);
+- the order in which a Gated DeltaNet layer writes its `ArraysCache` on a single-token step (conv window
+  first, recurrent state last: `RecurrentCache` records a position when the state is written) and the
+  attributes of mlx-lm's GDN layers that the capturing layers in `models/qwen3_5.py` read;
+- swapping the class of a model's final norm and GDN layers (`swap_class`), found at `model.model.norm`;
+- the Gemma 4 `DecoderLayer` call `(x, mask, cache, per_layer_input, shared_kv=, offset=) -> (h, kv, offset)`.
+`check()` runs each of these on tiny layers the first time a model is wrapped, and fails with a message naming
+the installed mlx-lm version and the tested range, so an mlx-lm release that changes them breaks loudly.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import mlx.core as mx
+from mlx_lm.models import gemma4_text, qwen3_5, qwen3_next
+from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+
+from .errors import SpecError
+
+TESTED_MLX_LM = ">=0.32.2,<0.33"
+GDN_ATTRIBUTES = ("conv_kernel_size", "conv_dim", "conv1d", "key_dim", "num_k_heads", "num_v_heads", "head_k_dim",
+                  "head_v_dim", "A_log", "dt_bias", "out_proj", "norm", "in_proj_qkv", "in_proj_z", "in_proj_b",
+                  "in_proj_a")
+
+
+def broken(what: str) -> SpecError:
+    import mlx_lm
+
+    return SpecError(f"mlx-lm {mlx_lm.__version__} changed {what}, which mlx-spec relies on; mlx-spec is tested "
+                     f"with mlx-lm{TESTED_MLX_LM}: pip install 'mlx-lm{TESTED_MLX_LM}'")
+
+
+def write_index(cache: RotatingKVCache) -> int:
+    """The ring buffer's next write slot (the newest key sits just before it)."""
+    return cache._idx
+
+
+def set_write_index(cache: RotatingKVCache, index: int) -> None:
+    cache._idx = index
+
+
+def swap_class(obj, cls) -> None:
+    """Give an mlx-lm module a subclass of its own class (same weights, extended behaviour)."""
+    obj.__class__ = cls
+
+
+def final_norm(model):
+    """The final norm of a language model (inside a multimodal wrapper's `language_model` when there is one)."""
+    try:
+        return getattr(model, "language_model", model).model.norm
+    except AttributeError:
+        raise broken(f"where {type(model).__module__} keeps its final norm (model.model.norm)") from None
+
+
+def gemma4_layer(layer, x: mx.array, mask, shared_kv: tuple, offset: int) -> mx.array:
+    """A Gemma 4 decoder layer attending to another model's K/V."""
+    return layer(x, mask, None, shared_kv=shared_kv, offset=offset)[0]
+
+
+@functools.cache
+def check() -> None:
+    """Run every reliance point above on tiny layers; raise SpecError naming what changed."""
+    check_rotating_cache()
+    check_gdn()
+    params = list(inspect.signature(gemma4_text.DecoderLayer.__call__).parameters)
+    if params[:4] != ["self", "x", "mask", "cache"] or not {"shared_kv", "offset"} <= set(params):
+        raise broken(f"the Gemma 4 DecoderLayer call signature (now {params})")
+    if not hasattr(qwen3_next.Qwen3NextGatedDeltaNet, "fix_query_key_value_ordering"):
+        raise broken("Qwen3-Next's GatedDeltaNet (no fix_query_key_value_ordering)")
+
+
+def check_rotating_cache() -> None:
+    cache = RotatingKVCache(max_size=4)
+    for t in range(6):
+        step = mx.full((1, 1, 1, 1), float(t))
+        cache.update_and_fetch(step, step)
+    if not hasattr(cache, "_idx") or cache.keys[0, 0, write_index(cache) - 1, 0].item() != 5.0:
+        raise broken("RotatingKVCache's ring buffer (_idx no longer points after the newest key)")
+
+
+class _WriteOrder(ArraysCache):
+    def __init__(self):
+        super().__init__(2)
+        self.writes = []
+
+    def __setitem__(self, idx, value):
+        super().__setitem__(idx, value)
+        self.writes.append(idx)
+
+
+def check_gdn() -> None:
+    args = qwen3_5.TextModelArgs.from_dict(dict(
+        model_type="qwen3_5_text", hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, rms_norm_eps=1e-6, vocab_size=8, linear_num_key_heads=1,
+        linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        full_attention_interval=2, rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.25}))
+    layer = qwen3_5.GatedDeltaNet(args)
+    if missing := [name for name in GDN_ATTRIBUTES if not hasattr(layer, name)]:
+        raise broken(f"the Gated DeltaNet layer's attributes (missing {', '.join(missing)})")
+    cache = _WriteOrder()
+    mx.eval(layer(mx.zeros((1, 1, 16)), cache=cache))
+    if cache.writes[-1:] != [1] or 1 in cache.writes[:-1]:
+        raise broken(f"the order of a Gated DeltaNet step's cache writes (now {cache.writes}, state last expected)")
