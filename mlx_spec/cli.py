@@ -138,8 +138,14 @@ def generate(args) -> int:
 
 def convert(args) -> int:
     from .convert import add_mtp, convert
+    from .from_gguf import convert_gguf
 
-    if args.add_mtp:
+    if args.hf_path.lower().endswith(".gguf"):
+        if args.add_mtp or args.mtp_bits:
+            raise SpecError("a GGUF file has no MTP layer: drop --add-mtp / --mtp-bits")
+        out = convert_gguf(args.hf_path, args.mlx_path, args.quantize, args.q_bits, args.q_group_size, args.dtype)
+        print(f"[INFO] Wrote {out}")
+    elif args.add_mtp:
         add_mtp(args.hf_path, args.mlx_path, args.mtp_bits, args.q_group_size)
     else:
         out = convert(args.hf_path, args.mlx_path, args.quantize, args.q_bits, args.q_group_size, args.mtp_bits,
@@ -259,8 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(bat)  # defaults for requests that set none
     bat.set_defaults(run=batch)
 
-    conv = commands.add_parser("convert", help="convert a Hugging Face checkpoint to MLX, keeping its MTP layer")
-    conv.add_argument("--hf-path", required=True, help="Hugging Face repo id or local directory")
+    conv = commands.add_parser("convert", help="convert a Hugging Face checkpoint (keeping its MTP layer) or a GGUF "
+                                               "file to MLX")
+    conv.add_argument("--hf-path", required=True,
+                      help="Hugging Face repo id, local directory, or a .gguf file (llama, qwen2, qwen3, gemma3)")
     conv.add_argument("--mlx-path", required=True, help="output directory (must not exist, unless --add-mtp)")
     conv.add_argument("-q", "--quantize", action="store_true", help="quantize the weights")
     conv.add_argument("--q-bits", type=int, default=4, choices=[2, 3, 4, 5, 6, 8])

@@ -19,7 +19,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .errors import SpecError
-from .loading import resolve
+from .loading import read_config, resolve
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.gemma4_assistant import quantize as quantize_assistant
 from .models.qwen3_5 import build_mtp, checkpoint_files, declared_mtp_layers, read_mtp_tensors
@@ -78,7 +78,11 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
     config_path = source / "config.json"
     if not config_path.exists():
         raise SpecError(f"{source} has no config.json: --hf-path must be a Hugging Face checkpoint")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(f"cannot make the folder {out.parent} for --mlx-path ({e.strerror}): choose another "
+                        "--mlx-path") from None
     work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
         staged = work / "model"
@@ -134,7 +138,7 @@ def add_mtp(hf_path: str, mlx_path: str, mtp_bits: int | None = None, group_size
     config_path = target / "config.json"
     if not config_path.exists():
         raise SpecError(f"{target} is not an MLX checkpoint directory (no config.json)")
-    if not declared_mtp_layers(json.loads(config_path.read_text())):
+    if not declared_mtp_layers(read_config(target)):
         raise SpecError(f"{target} declares no MTP layer (mtp_num_hidden_layers): nothing to add")
     if read_mtp_tensors(checkpoint_files(target))[0]:
         raise SpecError(f"{target} already holds mtp.* tensors")
@@ -143,7 +147,7 @@ def add_mtp(hf_path: str, mlx_path: str, mtp_bits: int | None = None, group_size
     tensors, zero_centred = read_mtp_tensors([source / s for s in shards if (source / s).exists()])
     if not tensors:
         raise SpecError(f"{hf_path} holds no mtp.* tensors: point --hf-path at the original Hugging Face repo")
-    config = json.loads(config_path.read_text())
+    config = read_config(target)
     bits = mtp_bits if mtp_bits is not None else (8 if config.get("quantization") else None)
     write_mtp(target, tensors, zero_centred, None if bits == 16 else bits, group_size, checkpoint_dtype(config))
     print(f"[INFO] Added the MTP layer ({len(tensors)} tensors from {', '.join(shards)}) to {target}")

@@ -167,6 +167,8 @@ class Engine:
                max_tokens: int = 256, stop: list[str] = (), seed: int = 0) -> Iterator[Token | Text | Round | Done]:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise SpecError(f"max_tokens must be >= 1 (a whole number), got {max_tokens!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise SpecError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
         context = self.encode(prompt)
         self.stop_requested = False
         self.policy = self.next_policy

@@ -331,7 +331,8 @@ def convert_gguf(gguf_path: str | Path, mlx_path: str | Path, quantize: bool = F
     if vision:
         print(f"[INFO] Leaving out {len(vision)} vision-tower tensors: the import is the text model")
         tensors = {name: t for name, t in tensors.items() if name not in vision}
-    dtype = dtype or default_dtype(check(path, meta, tensors))
+    arch = check(path, meta, tensors)
+    dtype = dtype or default_dtype(arch)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.gguf-"))
     try:

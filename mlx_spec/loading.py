@@ -114,6 +114,19 @@ def load_checkpoint(path: Path, what: str):
     return model, tokenizer, config
 
 
+def kv_quantization_problem(config: dict, group_size: int) -> str | None:
+    """Why this model's KV cache cannot be quantized in groups of `group_size` (None when it can)."""
+    text = config.get("text_config", config)
+    if text.get("model_type", config.get("model_type", "")).startswith("gemma4"):
+        return "Gemma 4's KV-shared layers read float K/V from earlier layers; drop --kv-bits"
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    if head_dim % group_size:
+        fits = [g for g in (128, 64, 32) if head_dim % g == 0]
+        return (f"--kv-group-size {group_size} does not divide its head size {head_dim}; "
+                + (f"use --kv-group-size {fits[0]}" if fits else "drop --kv-bits"))
+    return None
+
+
 def vocab_size(config: dict) -> int:
     return config.get("vocab_size") or config.get("text_config", {})["vocab_size"]
 
@@ -177,6 +190,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     max_draft_len = target.entry.get("draft_len") or (ASSISTANT_MAX_DRAFT_LEN if assistant
                                                       else DRAFTERS[drafter].max_draft_len)
     wants_hidden = mtp_hidden if drafter == "mtp" else "post" if assistant else None
+    if kv_bits and (problem := kv_quantization_problem(target.config, kv_group_size)):
+        raise SpecError(f"--kv-bits cannot be used with {target.path}: {problem}")
     runner = Target(target.model, kv_bits, kv_group_size, hidden=wants_hidden)
     if drafter != "off" and (problem := runner.rollback_problem()):
         raise SpecError(f"speculation is not available for {target.path}: {problem}; run with --drafter off")
@@ -195,6 +210,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     elif drafter == "draft-model":
         check_memory(draft_path, None, what="draft model")
         draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
+        if kv_bits and (problem := kv_quantization_problem(draft_cfg, kv_group_size)):
+            raise SpecError(f"--kv-bits cannot be used with the draft model {draft_path}: {problem}")
         if why := vocab_mismatch(target.tokenizer, target.config, draft_tok, draft_cfg):
             raise SpecError(f"draft model {draft_path} does not share the target's vocabulary: {why}; "
                             "use a draft from the same model family")

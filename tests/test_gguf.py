@@ -406,7 +406,7 @@ def test_refusals_leave_nothing(tmp_path, case):
         w.write_tensors_to_file()
         w.close()
     with pytest.raises(SpecError) as error:
-        convert_gguf(path, parent / "mlx")
+        convert_gguf(path, parent / "mlx", dtype="float32")
     message = str(error.value)
     assert "\n" not in message
     expected = {"arch": ["'phi3'", "llama, qwen2, qwen3, gemma3"], "tensor-type": ["IQ4_NL", "Q4_K"],
@@ -429,3 +429,17 @@ def test_existing_output_is_refused(tiny, tmp_path):
     (tmp_path / "mlx").mkdir()
     with pytest.raises(SpecError, match="already exists"):
         convert_gguf(tmp_path / "model.gguf", tmp_path / "mlx")
+
+
+def test_the_cli_converts_a_gguf_and_runs_it(tiny, tmp_path):
+    from helpers import assert_one_line_error, run_cli
+
+    write_gguf(tmp_path / "model.gguf", tiny["llama"], "llama", qtypes={"": Q.Q8_0}, pre="smollm")
+    proc = run_cli("convert", "--hf-path", str(tmp_path / "model.gguf"), "--mlx-path", str(tmp_path / "mlx"),
+                   "--dtype", "float32")
+    assert proc.returncode == 0 and f"Wrote {tmp_path / 'mlx'}" in proc.stdout, proc.stderr
+    proc = run_cli("generate", "--model", str(tmp_path / "mlx"), "--drafter", "ngram", "--prompt", PROMPT, "--raw",
+                   "--max-tokens", "8", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["stats"]["generated_tokens"] == 8, proc.stderr
+    proc = run_cli("convert", "--add-mtp", "--hf-path", str(tmp_path / "model.gguf"), "--mlx-path", str(tmp_path))
+    assert_one_line_error(proc, "no MTP layer")

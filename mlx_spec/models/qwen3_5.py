@@ -84,7 +84,7 @@ def _chunk(q, k, v, a, b, A_log, dt_bias, state):
     gamma = mx.exp(mx.cumsum(log_g, axis=-1))[..., None]
     kq = mx.concatenate([k, q], axis=-2)
     KK, QK = mx.split(kq @ k.swapaxes(-1, -2), 2, axis=-2)
-    KS, QS = mx.split(kq @ state.swapaxes(-1, -2), 2, axis=-2)  # S_0 is read once
+    KS, QS = mx.split((state @ mx.contiguous(kq.swapaxes(-1, -2))).swapaxes(-1, -2), 2, axis=-2)  # S_0 read once
     A = mx.where(strict, beta[..., None] * D * KK, 0)
     X = mx.broadcast_to(mx.eye(T), A.shape)  # (I + A)^-1 by block doubling: X <- X - X E_s X
     for level in levels:
