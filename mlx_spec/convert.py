@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
@@ -78,13 +79,7 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
     config_path = source / "config.json"
     if not config_path.exists():
         raise SpecError(f"{source} has no config.json: --hf-path must be a Hugging Face checkpoint")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SpecError(f"cannot make the folder {out.parent} for --mlx-path ({e.strerror}): choose another "
-                        "--mlx-path") from None
-    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    try:
+    with staging(out, f"conversion of {hf_path}") as work:
         staged = work / "model"
         if is_assistant(json.loads(config_path.read_text())):
             convert_assistant(source, staged, quantize, q_bits, q_group_size, dtype)
@@ -101,13 +96,27 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
                       dtype or checkpoint_dtype(json.loads(config_path.read_text())))
             print(f"[INFO] Kept the MTP layer ({len(tensors)} tensors) in {MTP_FILE}")
         staged.rename(out)
+    return out
+
+
+@contextmanager
+def staging(out: Path, what: str):
+    """A hidden work folder beside `out`, removed whatever happens, so that a failure leaves nothing
+    half-written; any failure other than a SpecError becomes one (`what` failed ...)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecError(f"cannot make the folder {out.parent} for --mlx-path ({e.strerror}): choose another "
+                        "--mlx-path") from None
+    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    try:
+        yield work
     except SpecError:
         raise
     except Exception as e:
-        raise SpecError(f"conversion of {hf_path} failed ({type(e).__name__}: {e}); nothing was written") from None
+        raise SpecError(f"{what} failed ({type(e).__name__}: {e}); nothing was written") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return out
 
 
 def convert_assistant(source: Path, out: Path, quantize: bool, q_bits: int, q_group_size: int,

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -321,7 +319,7 @@ def default_dtype(arch: str) -> str:
 def convert_gguf(gguf_path: str | Path, mlx_path: str | Path, quantize: bool = False, q_bits: int = 4,
                  q_group_size: int = 64, dtype: str | None = None) -> Path:
     """Convert a GGUF file (architectures llama, qwen2, qwen3, gemma3) to an MLX checkpoint directory."""
-    from .convert import convert
+    from .convert import convert, staging
 
     path, out = Path(gguf_path).expanduser(), Path(mlx_path).expanduser()
     if out.exists():
@@ -333,16 +331,8 @@ def convert_gguf(gguf_path: str | Path, mlx_path: str | Path, quantize: bool = F
         tensors = {name: t for name, t in tensors.items() if name not in vision}
     arch = check(path, meta, tensors)
     dtype = dtype or default_dtype(arch)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.gguf-"))
-    try:
+    with staging(out, f"import of {path}") as work:
         stage(meta, tensors, dtype, work)
         print(f"[INFO] Staged {path.name} as a Hugging Face checkpoint")
         return convert(str(work), str(out), quantize=quantize, q_bits=q_bits, q_group_size=q_group_size,
                        dtype=dtype)
-    except SpecError:
-        raise
-    except Exception as e:
-        raise SpecError(f"import of {path} failed ({type(e).__name__}: {e}); nothing was written") from None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

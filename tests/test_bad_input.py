@@ -51,21 +51,16 @@ def run_main(capsys, *argv):
 
 # -- issue 11: each reported traceback is now one line ---------------------------------------------------------
 
-def test_batch_empty_messages_is_a_skipped_line(tiny, tmp_path):
-    requests = batch_file(tmp_path / "in.jsonl", {"id": "m", "messages": []}, {"id": "ok", "prompt": "x"})
+@pytest.mark.parametrize("line,reason", [
+    ({"id": "m", "messages": []}, "messages must be a non-empty list"),
+    ({"id": "n", "prompt": 123, "raw": True}, "\"prompt\" must be text, got int"),
+])
+def test_batch_bad_request_is_a_skipped_line(tiny, tmp_path, line, reason):
+    requests = batch_file(tmp_path / "in.jsonl", line, {"id": "ok", "prompt": "x"})
     proc = run_cli("batch", requests, "-o", tmp_path / "out.jsonl", "--model", tiny["qwen3"], "--max-tokens", "2",
                    "--quiet")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert f"{requests}:1: skipped: messages must be a non-empty list" in proc.stderr
-    assert list(results(tmp_path / "out.jsonl")) == ["ok"]
-
-
-def test_batch_prompt_that_is_not_text_is_a_skipped_line(tiny, tmp_path):
-    requests = batch_file(tmp_path / "in.jsonl", {"id": "n", "prompt": 123, "raw": True}, {"id": "ok", "prompt": "x"})
-    proc = run_cli("batch", requests, "-o", tmp_path / "out.jsonl", "--model", tiny["qwen3"], "--max-tokens", "2",
-                   "--quiet")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert f"{requests}:1: skipped: \"prompt\" must be text, got int" in proc.stderr
+    assert f"{requests}:1: skipped: {reason}" in proc.stderr
     assert list(results(tmp_path / "out.jsonl")) == ["ok"]
 
 

@@ -14,8 +14,8 @@ from mlx_spec.models.qwen3_5 import depthwise_conv_silu, recurrence_steps, recur
 
 
 def inputs(T, Hk, Hv, regime, seed=0, D=32, B=2):
-    """Realistic scales: q, k through mlx-lm's `normalize_qk`, O(1) values and state. `strong`: decays down to
-    g ~ e^-100 mixed with g ~ 1 and beta ~ 1; `aligned`: nearly identical keys, beta ~ 1, no decay (the
+    """Realistic scales: q, k through mlx-lm's `normalize_qk`, O(1) values and state. `strong`: log g from
+    -1e-4 to -700 (g = 0 in float32) and beta > 0.99; `aligned`: nearly identical keys, beta ~ 1, no decay (the
     triangular system at its least diagonal-dominant)."""
     rng = np.random.default_rng(seed)
     normal = lambda *shape: mx.array(rng.standard_normal(shape), dtype=mx.float32)  # noqa: E731

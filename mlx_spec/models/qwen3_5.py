@@ -2,15 +2,15 @@
 and the built-in MTP layer that mlx-lm drops.
 
 mlx-lm's `GatedDeltaNet` returns only the final recurrent state, so a rejected draft could only be undone by
-replaying the accepted tokens. `CapturingGatedDeltaNet` is the same layer (same weights, same computation:
-mlx-lm's own projections, conv, `normalize_qk`, `compute_g` and per-step recurrence) that, when its cache asks,
-also keeps the conv inputs and the recurrent state after each position of a multi-token forward. Rollback
-then picks the state of the last accepted position (see `caches.RecurrentCache`). Single-token steps and
-prefill run mlx-lm's own code unchanged.
+replaying the accepted tokens. `CapturingGatedDeltaNet` is the same layer (same weights, same function:
+mlx-lm's own projections and `normalize_qk`, its conv and gated delta recurrence in equivalent forms, equal to
+float32 rounding) that, when its cache asks, also keeps the conv inputs and the recurrent state after each
+position of a multi-token forward. Rollback then picks the state of the last accepted position (see
+`caches.RecurrentCache`). Single-token steps and prefill run mlx-lm's own code unchanged.
 
 The multi-token recurrence is computed in chunked form (`recurrence_with_states`: a few small matmuls instead
-of one pass over the state per token), the same ops on every device; the state after each position is a lazy
-expression that MLX only computes for the position that is kept.
+of one pass over the state per token; `recurrence_steps` is the step-by-step reference), the same ops on every
+device; the state after each position is a lazy expression that MLX only computes for the position kept.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _masks(T: int):
 @mx.compile
 def _chunk(q, k, v, a, b, A_log, dt_bias, state):
     """Outputs Y and what the states are made of (U^T, D, gamma, K) for one chunk; see `recurrence_with_states`."""
-    (B, T, Hk, Dk), Hv, dtype = q.shape, v.shape[-2], q.dtype
+    T, Hk, Hv, dtype = q.shape[1], q.shape[2], v.shape[2], q.dtype
     beta = mx.sigmoid(b).astype(mx.float32).swapaxes(1, 2)
     log_g = (-mx.exp(A_log.astype(mx.float32)) * nn.softplus(a + dt_bias)).swapaxes(1, 2)  # log of compute_g
     if Hv // Hk > 1:
@@ -109,7 +109,7 @@ def recurrence_with_states(q, k, v, a, b, A_log, dt_bias, state):
         B, _, Hv, Dv = v.shape
         state = mx.zeros((B, Hv, Dv, q.shape[-1]), dtype=mx.float32)
     y, Ut, D, gamma, k = _chunk(q, k, v, a, b, A_log, dt_bias, state)
-    return y, [gamma[..., t:t + 1, :] * state + (Ut * D[..., t:t + 1, :]) @ k for t in range(q.shape[1])]
+    return y, [mx.addmm(gamma[..., t:t + 1, :] * state, Ut * D[..., t:t + 1, :], k) for t in range(q.shape[1])]
 
 
 @mx.compile

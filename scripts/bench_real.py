@@ -1,0 +1,112 @@
+"""Speed on real weights: the Qwen2.5-Coder 1.5B target with its 0.5B sibling as draft (float32, from
+scripts/real_models.py), every contender interleaved in one process, greedy, each output checked against plain.
+
+    python scripts/bench_real.py [--tokens 40 --reps 3 --ks 2,4,6 --temp 0]
+
+Contenders: mlx-lm's plain `generate_step` (the baseline) and `speculative_generate_step` (k=4); mlx-spec with
+drafting off, the draft model pinned at each k, the draft model and n-gram under the adaptive policy. Prints the
+median and spread (max - min over median, the worst prompt's) of decode tok/s per contender, the ratio to the baseline, acceptance,
+whether every greedy output equals plain decoding, and whether the machine was quiet enough to trust the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system OpenBLAS on Linux
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step, speculative_generate_step
+from mlx_lm.sample_utils import make_sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_models  # noqa: E402
+from mlx_spec import linux_blas  # noqa: E402
+from mlx_spec.bench import Neighbours, spread  # noqa: E402
+from mlx_spec.sampling import SamplingParams  # noqa: E402
+
+PROMPTS = [
+    [{"role": "user", "content": "Write a Python function that parses an ISO 8601 date string and returns a "
+                                 "datetime, with a docstring."}],
+    [{"role": "user", "content": "Complete this code:\ndef binary_search(items, target):\n    lo, hi = 0, "
+                                 "len(items) - 1\n"}],
+]
+
+
+def mlx_lm_rate(steps) -> tuple[list[int], float]:
+    """Tokens and decode tok/s of an mlx-lm generator (from its first token on, as mlx-spec's decode rate)."""
+    tokens, start = [], None
+    for out in steps:
+        tokens.append(int(out[0]))
+        start = start or time.perf_counter()
+    return tokens, (len(tokens) - 1) / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=40)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--ks", default="2,4,6", help="pinned draft lengths to measure")
+    parser.add_argument("--temp", type=float, default=0.0, help="temperature (top-p 0.9 when > 0)")
+    args = parser.parse_args()
+    target_dir, draft_dir = (real_models.mlx_dir(n) for n in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"))
+    if not (target_dir.exists() and draft_dir.exists()):
+        print("fetch the models first: python scripts/real_models.py qwen2.5-coder-1.5b qwen2.5-coder-0.5b")
+        return 2
+    n, greedy = args.tokens, args.temp == 0
+    params = SamplingParams(temperature=args.temp, top_p=1.0 if greedy else 0.9)
+    sampler = make_sampler(temp=args.temp, top_p=params.top_p)
+
+    draft_engine = mlx_spec.load(str(target_dir), draft_model=str(draft_dir))
+    model, draft_model = draft_engine.target.model, draft_engine.drafter.weights  # mlx-lm runs the same weights
+    ngram = draft_engine.with_drafter("ngram")
+    engines = {"mlx-spec off": (draft_engine.with_drafter("off"), 0)}  # name -> (engine, pinned length or None)
+    engines.update({f"mlx-spec draft k={k}": (draft_engine, k) for k in map(int, args.ks.split(","))})
+    engines.update({"mlx-spec draft adaptive": (draft_engine, None), "mlx-spec ngram adaptive": (ngram, None)})
+    for engine, _ in engines.values():
+        engine.tokenizer.eos_token_ids = []  # every contender makes exactly n tokens
+
+    print(f"target {target_dir.name}, draft {draft_dir.name}, float32, BLAS: {linux_blas.describe()}; {n} tokens, "
+          f"{len(PROMPTS)} prompts x {args.reps} repetitions, T={args.temp}", flush=True)
+    speeds, spreads, outputs, acceptance = {}, {}, {}, {}
+    with Neighbours() as neighbours:
+        for p, prompt in enumerate(PROMPTS):
+            ids = mlx_spec.render_prompt(draft_engine.tokenizer, prompt)
+            contenders = {
+                "mlx-lm plain": lambda: mlx_lm_rate(generate_step(mx.array(ids), model, max_tokens=n,
+                                                                  sampler=sampler)),
+                "mlx-lm speculative k=4": lambda: mlx_lm_rate(speculative_generate_step(
+                    mx.array(ids), model, draft_model, num_draft_tokens=4, max_tokens=n, sampler=sampler)),
+            }
+            for name, (engine, k) in engines.items():
+                def run(name=name, engine=engine, k=k):
+                    engine.pin(k)  # a fresh policy for each generation, as each command gets
+                    result = engine.generate(ids, params, n, seed=0)
+                    acceptance.setdefault(name, []).append(result.stats.acceptance_rate)
+                    return result.tokens, result.stats.decode_tps
+                contenders[name] = run
+            for _ in range(args.reps):
+                for name, run in contenders.items():
+                    tokens, tps = run()
+                    speeds.setdefault(name, []).append(tps)
+                    spreads.setdefault(name, {}).setdefault(p, []).append(tps)
+                    outputs.setdefault((name, p), tokens)
+    baseline = statistics.median(speeds["mlx-lm plain"])
+    worst_spread = {name: max(spread(v) for v in by_prompt.values()) for name, by_prompt in spreads.items()}
+    print("| contender | tok/s (median) | spread | vs mlx-lm plain | acceptance | same tokens as plain |")
+    print("|---|---|---|---|---|---|")
+    for name, values in speeds.items():
+        same = all(outputs[(name, p)] == outputs[("mlx-lm plain", p)] for p in range(len(PROMPTS)))
+        rate = f"{statistics.mean(acceptance[name]):.2f}" if acceptance.get(name) and "off" not in name else "-"
+        print(f"| {name} | {statistics.median(values):.2f} | {worst_spread[name]:.0%} | "
+              f"{statistics.median(values) / baseline:.2f}x | {rate} | {same if greedy else 'n/a (sampled)'} |")
+    print(neighbours.verdict(worst_spread["mlx-lm plain"])[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
