@@ -53,9 +53,11 @@ def test_gemma3_ngram_well_past_the_sliding_window():
     path = fetched("gemma3-270m")
     engine = mlx_spec.load(path, drafter="ngram", draft_len=4)
     window = engine.target.model.args.sliding_window
-    text = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(window // 12))
-    prompt = [{"role": "user", "content": f"Repeat this text exactly:\n{text}"}]
-    ids = mlx_spec.render_prompt(engine.tokenizer, prompt)
-    assert len(ids) < window < len(ids) + 160  # the generation crosses the window
+    lines, ids = [], []
+    while len(ids) < window - 100:  # a prompt just short of the window, so that the generation crosses it
+        lines.append(f"Line {len(lines)}: the quick brown fox jumps over the lazy dog.")
+        prompt = [{"role": "user", "content": "Repeat this text exactly:\n" + " ".join(lines)}]
+        ids = mlx_spec.render_prompt(engine.tokenizer, prompt)
+    assert len(ids) < window < len(ids) + 160
     result = assert_greedy_identity(engine, path, prompt, 160)
     assert result.stats.accepted > 0
