@@ -3,8 +3,9 @@
 mlx-spec relies on things mlx-lm does not promise to keep between releases:
 - `RotatingKVCache._idx`, its ring-buffer write index (rollback of sliding-window caches, `visible_kv`);
 - the order in which a Gated DeltaNet layer writes its `ArraysCache` on a single-token step (conv window
-  first, recurrent state last: `RecurrentCache` records a position when the state is written) and the
-  attributes of mlx-lm's GDN layers that the capturing layers in `models/qwen3_5.py` read;
+  first, recurrent state last: `RecurrentCache` records a position when the state is written), and the
+  attributes and the bias-free depthwise conv of mlx-lm's GDN layers that the capturing layers in
+  `models/qwen3_5.py` reimplement;
 - swapping the class of a model's final norm and GDN layers (`swap_class`), found at `model.model.norm`;
 - the Gemma 4 `DecoderLayer` call `(x, mask, cache, per_layer_input, shared_kv=, offset=) -> (h, kv, offset)`.
 `check()` runs each of these on tiny layers the first time a model is wrapped, and fails with a message naming
@@ -102,6 +103,8 @@ def check_gdn() -> None:
     layer = qwen3_5.GatedDeltaNet(args)
     if missing := [name for name in GDN_ATTRIBUTES if not hasattr(layer, name)]:
         raise broken(f"the Gated DeltaNet layer's attributes (missing {', '.join(missing)})")
+    if "bias" in layer.conv1d or layer.conv1d.weight.shape[-1] != 1:
+        raise broken("the Gated DeltaNet conv (a depthwise conv without bias expected)")
     cache = _WriteOrder()
     mx.eval(layer(mx.zeros((1, 1, 16)), cache=cache))
     if cache.writes[-1:] != [1] or 1 in cache.writes[:-1]:

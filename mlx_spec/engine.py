@@ -151,6 +151,8 @@ class Engine:
 
     def with_drafter(self, drafter: str) -> "Engine":
         """Another engine on the same target weights (loaded once), drafting with `drafter` ("off": none)."""
+        if self.sibling is None:
+            raise SpecError("this engine was built without a loader: make it with mlx_spec.load to switch drafters")
         if drafter not in self.drafters:
             raise SpecError(f"drafter {drafter!r} is not available here: choose one of {', '.join(self.drafters)}")
         return self.sibling(drafter)

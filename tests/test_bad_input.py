@@ -98,12 +98,18 @@ def test_bench_unwritable_plot_is_refused_before_any_run(tiny, tmp_path):
     assert time.perf_counter() - start < 60  # the whole spec suite three times over would take far longer
 
 
+def default_ctrl_c():
+    """In the child: Ctrl+C at its default, as in a terminal, even when this run inherited it ignored (a shell
+    starts background jobs that way), so that Python installs its own handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted(args, delay, during_output=False):
     """Run the command, send SIGINT `delay` s after the CLI module installed its Ctrl+C handler (or after the first
     output) -> (status, stderr). `-X importtime` tells: cli.py imports mlx_spec.errors right after installing it.
     (Before that, Python's own start-up and `import mlx_spec` run: see test_ctrl_c_before_and_after_main.)"""
     proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "mlx_spec.cli", *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_ctrl_c)
     lines, imported = [], threading.Event()
 
     def drain():
@@ -163,7 +169,8 @@ def test_ctrl_c_before_and_after_main_ends_quietly():
     finaliser = (start + "class Interrupted:\n    def __del__(self):\n        raise KeyboardInterrupt\n"
                  "Interrupted()\ntime.sleep(30)\n")
     for code in (before, after, finaliser):
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              preexec_fn=default_ctrl_c)
         assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
     # imported by another program (here pytest), the module leaves Ctrl+C alone
     assert signal.getsignal(signal.SIGINT) is not exit_on_interrupt

@@ -17,6 +17,9 @@ from mlx_spec.target import MAX_DRAFT_LEN, Target
 def test_random_forward_and_rollback_match_a_fresh_forward(tiny, family, kv_bits):
     model, _ = load(str(tiny[family]))
     target = Target(model, kv_bits=kv_bits, kv_group_size=32)
+    # the verify pass computes Gated DeltaNet states in chunked form, mlx-lm step by step: equal to float32
+    # rounding, which the states carried from round to round accumulate to ~1e-5 of these logits
+    atol = 1e-3 if family == "qwen3_5" else 2e-4
     rng = random.Random(0)
     context = [rng.randrange(300) for _ in range(5)]
     target.prefill(context)
@@ -29,11 +32,11 @@ def test_random_forward_and_rollback_match_a_fresh_forward(tiny, family, kv_bits
         context += tokens[: len(tokens) - undo]
         fresh_target = Target(model, kv_bits=kv_bits, kv_group_size=32)
         fresh = fresh_target.forward(context).logits[-(len(tokens) - undo):]
-        np.testing.assert_allclose(np.array(step.logits[: len(tokens) - undo]), np.array(fresh), atol=2e-4)
+        np.testing.assert_allclose(np.array(step.logits[: len(tokens) - undo]), np.array(fresh), atol=atol)
         probe = rng.randrange(300)
         after_rollback = target.forward([probe]).logits
         np.testing.assert_allclose(np.array(after_rollback), np.array(fresh_target.forward([probe]).logits),
-                                   atol=2e-4)
+                                   atol=atol)
         target.rollback(1)
         assert target.offset == len(context)
         wrapped |= any(isinstance(c, RotatingKVCache) and c.offset > c.max_size for c in target.cache)
