@@ -3,7 +3,7 @@ scripts/real_models.py), every contender interleaved in one process, greedy, eac
 
     python scripts/bench_real.py [--tokens 40 --reps 3 --ks 2,4,6 --temp 0]
 
-Contenders: mlx-lm's plain `generate_step` (the baseline) and `speculative_generate_step` (k=4); mlx-spec with
+After one untimed pass of every contender, in rounds: mlx-lm's plain `generate_step` (the baseline) and `speculative_generate_step` (k=4); mlx-spec with
 drafting off, the draft model pinned at each k, the draft model and n-gram under the adaptive policy. Prints the
 median and spread (max - min over median, the worst prompt's) of decode tok/s per contender, the ratio to the baseline, acceptance,
 whether every greedy output equals plain decoding, and whether the machine was quiet enough to trust the figures.
@@ -89,6 +89,9 @@ def main() -> int:
                     acceptance.setdefault(name, []).append(result.stats.acceptance_rate)
                     return result.tokens, result.stats.decode_tps
                 contenders[name] = run
+            if p == 0:  # one untimed pass: compilation, first touches of the weights
+                for run in contenders.values():
+                    run()
             for _ in range(args.reps):
                 for name, run in contenders.items():
                     tokens, tps = run()
