@@ -36,9 +36,7 @@ from pathlib import Path  # noqa: E402
 
 from .errors import SpecError  # noqa: E402
 
-SAMPLING_DEFAULTS = {"temp": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
-                     "presence_penalty": 0.0, "frequency_penalty": 0.0, "penalty_window": 64}
-ENTRY_NAMES = {"temp": "temperature"}  # models.toml `sampling` keys are SamplingParams fields
+FLAG_NAMES = {"temperature": "temp"}  # SamplingParams fields whose flag is named otherwise
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +58,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    """Defaults: the model's models.toml `sampling` recommendation, else SAMPLING_DEFAULTS."""
+    """Defaults: the model's models.toml `sampling` recommendation, else SamplingParams' own."""
     parser.add_argument("--temp", type=float, help="temperature (0 = greedy; default 0)")
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--top-k", type=int)
@@ -74,18 +72,16 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 def sampling_params(args):
     """The sampling the user asked for, the rest from the model's recommendation and the defaults."""
+    from dataclasses import fields
+
     from .loading import model_entry
     from .sampling import SamplingParams
 
     if not 0 <= args.seed < 2**64:  # what mx.random.key takes
         raise SpecError(f"--seed must be a whole number from 0 to 2**64 - 1, got {args.seed}")
-    recommended = model_entry(args.model).get("sampling", {})
-    values = {}
-    for name, default in SAMPLING_DEFAULTS.items():
-        given = getattr(args, name)
-        values[ENTRY_NAMES.get(name, name)] = given if given is not None else recommended.get(
-            ENTRY_NAMES.get(name, name), default)
-    return SamplingParams(**values)
+    recommended = model_entry(args.model).get("sampling", {})  # keys: SamplingParams fields
+    given = {f.name: getattr(args, FLAG_NAMES.get(f.name, f.name)) for f in fields(SamplingParams)}
+    return SamplingParams(**{**recommended, **{k: v for k, v in given.items() if v is not None}})
 
 
 def model_notice(model: str | None) -> str:
