@@ -15,6 +15,7 @@ the installed mlx-lm version and the tested range, so an mlx-lm release that cha
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import inspect
 
 import mlx.core as mx
@@ -23,17 +24,26 @@ from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
 from .errors import SpecError
 
-TESTED_MLX_LM = ">=0.32.2,<0.33"
 GDN_ATTRIBUTES = ("conv_kernel_size", "conv_dim", "conv1d", "key_dim", "num_k_heads", "num_v_heads", "head_k_dim",
                   "head_v_dim", "A_log", "dt_bias", "out_proj", "norm", "in_proj_qkv", "in_proj_z", "in_proj_b",
                   "in_proj_a")
 
 
+def tested_mlx_lm() -> str:
+    """The mlx-lm range mlx-spec pins (pyproject.toml, read from the installed package's metadata)."""
+    for requirement in importlib.metadata.requires("mlx-spec") or []:
+        if requirement.startswith("mlx-lm"):
+            bounds = requirement[len("mlx-lm"):].split(";")[0].strip().split(",")
+            return ",".join(sorted(bounds, key=lambda bound: not bound.startswith(">")))  # lower bound first
+    return ""
+
+
 def broken(what: str) -> SpecError:
     import mlx_lm
 
+    tested = tested_mlx_lm()
     return SpecError(f"mlx-lm {mlx_lm.__version__} changed {what}, which mlx-spec relies on; mlx-spec is tested "
-                     f"with mlx-lm{TESTED_MLX_LM}: pip install 'mlx-lm{TESTED_MLX_LM}'")
+                     f"with mlx-lm{tested}: pip install 'mlx-lm{tested}'")
 
 
 def write_index(cache: RotatingKVCache) -> int:
