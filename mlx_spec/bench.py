@@ -2,7 +2,10 @@
 
 Plain decoding and each drafter run on the same prompts, interleaved (A, B, C, A, B, C, ...), sharing one copy
 of the target's weights. Per category and overall: median decode tokens/s, speedup over plain decoding,
-acceptance, mean acceptance length, and a verdict. Results go to JSON and to an SVG bar chart.
+acceptance, mean acceptance length, and a verdict. Beside each speedup, the bound E[N] / (k c + v(k)) from the
+run's own acceptance and the round costs `Engine.profile` measured (draft cost c and verify cost v(k), in plain
+steps), and the fraction of it achieved: what the rest of the round (sampling, bookkeeping, synchronisation)
+costs. Results go to JSON and to an SVG bar chart.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from .engine import Engine
+from .engine import Engine, RoundCosts
 from .errors import SpecError
 from .files import read_lines
 from .prompts import check_messages, render_prompt
@@ -131,6 +134,7 @@ class Run:
     tps: float
     acceptance: float
     mean_acceptance_length: float
+    draft_len: float = 0.0  # mean drafts per round
 
 
 def load_prompts(suite: str | None, prompts_file: str | None) -> dict:
@@ -180,6 +184,10 @@ def run_bench(plain: Engine, drafters: list[str], categories: dict, max_tokens: 
     for name in drafters:
         engines[name] = plain.with_drafter(name)
         engines[name].pin(draft_len)
+    first_prompt = next(iter(categories.values()))[1][0]
+    costs = {name: engine.profile(render_prompt(plain.tokenizer, first_prompt),
+                                  [draft_len] if draft_len else list(range(1, engine.max_draft_len + 1)))
+             for name, engine in engines.items() if name != "plain"}
     runs, plain_spreads = [], []
     with Neighbours() as neighbours:
         for category, (temperature, prompts) in categories.items():
@@ -190,29 +198,41 @@ def run_bench(plain: Engine, drafters: list[str], categories: dict, max_tokens: 
                     for name, engine in engines.items():  # interleaved: drift hits every contender alike
                         stats = engine.generate(ids, params, max_tokens, seed=rep).stats
                         runs.append(Run(category, name, stats.decode_tps, stats.acceptance_rate,
-                                        stats.mean_acceptance_length))
+                                        stats.mean_acceptance_length,
+                                        stats.drafted / stats.rounds if stats.rounds else 0.0))
                         if on_run:
                             on_run(runs[-1])
                 if reps > 1:
                     plain_spreads.append(spread([r.tps for r in runs[-reps * len(engines)::len(engines)]]))
-    report = summarise(runs, list(engines))
+    report = summarise(runs, list(engines), costs)
     reliable, note = neighbours.verdict(statistics.median(plain_spreads) if plain_spreads else None)
     report["machine"] = {"reliable": reliable, "note": note, "other_processes_cpu_share": neighbours.share}
     return report
 
 
-def summarise(runs: list[Run], contenders: list[str]) -> dict:
-    report = {"contenders": contenders, "categories": {}}
+def summarise(runs: list[Run], contenders: list[str], costs: dict[str, RoundCosts] | None = None) -> dict:
+    """Per category and overall; `costs` (contender -> RoundCosts) adds each drafter's bound and the fraction
+    of it achieved."""
+    costs = costs or {}
+    report = {"contenders": contenders, "categories": {},
+              "round_costs": {name: {"plain_step_ms": 1000 * c.verify[0],
+                                     "draft_cost_c": {k: c.draft[k] / k / c.verify[0] for k in c.draft},
+                                     "verify_cost_v": {k: c.verify[k] / c.verify[0] for k in c.verify}}
+                              for name, c in costs.items()}}
     for category in [*dict.fromkeys(r.category for r in runs), "overall"]:
         rows = {}
         for name in contenders:
             mine = [r for r in runs if r.contender == name and category in (r.category, "overall")]
             rows[name] = {"tps": statistics.median(r.tps for r in mine),
                           "acceptance": statistics.mean(r.acceptance for r in mine),
-                          "mean_acceptance_length": statistics.mean(r.mean_acceptance_length for r in mine)}
+                          "mean_acceptance_length": statistics.mean(r.mean_acceptance_length for r in mine),
+                          "draft_len": statistics.mean(r.draft_len for r in mine)}
         plain = rows["plain"]["tps"]
-        for row in rows.values():
+        for name, row in rows.items():
             row["speedup"] = row["tps"] / plain if plain else 0.0
+            if name in costs:
+                row["bound"] = costs[name].bound(row["draft_len"], row["mean_acceptance_length"])
+                row["achieved"] = row["speedup"] / row["bound"]
         # a drafter whose drafts are never accepted cannot be faster: such a "win" is timing noise
         useful = [n for n in contenders if n != "plain" and rows[n]["mean_acceptance_length"] > 1.05]
         best = max(useful, key=lambda n: rows[n]["speedup"], default=None)
@@ -223,15 +243,23 @@ def summarise(runs: list[Run], contenders: list[str]) -> dict:
 
 
 def table(report: dict) -> str:
-    names = report["contenders"]
-    lines = [f"{'category':14s} " + " ".join(f"{n:>22s}" for n in names) + "  verdict"]
+    """One line per category and contender; bound = E[N] / (k c + v(k)), achieved = speedup / bound."""
+    width = max(len(n) for n in report["contenders"])
+    lines = [f"{'category':14s} {'':{width}s}   tok/s  speedup   bound  achieved  acceptance  tokens/round  verdict"]
     for category, entry in report["categories"].items():
-        cells = []
-        for n in names:
-            r = entry["results"][n]
-            cells.append(f"{r['tps']:6.1f} tok/s {r['speedup']:4.2f}x" + (f" {r['acceptance']:3.0%}" if n != "plain"
-                                                                            else "     "))
-        lines.append(f"{category:14s} " + " ".join(f"{c:>22s}" for c in cells) + f"  {entry['verdict']}")
+        for i, (name, r) in enumerate(entry["results"].items()):
+            line = f"{category if i == 0 else '':14s} {name:{width}s} {r['tps']:7.1f}  {r['speedup']:6.2f}x"
+            if name != "plain":
+                bound = (f"{r['bound']:6.2f}x  {r['achieved']:7.0%}" if "bound" in r else f"{'-':>7s}  {'-':>7s}")
+                line += f"  {bound}  {r['acceptance']:10.0%}  {r['mean_acceptance_length']:12.2f}"
+            if i == 0:
+                line = f"{line:{len(lines[0]) - len('verdict')}s}{entry['verdict']}"
+            lines.append(line.rstrip())
+    for name, c in report.get("round_costs", {}).items():
+        draft = ", ".join(f"{k}: {v:.2f}" for k, v in c["draft_cost_c"].items())
+        verify = ", ".join(f"{k}: {v:.2f}" for k, v in c["verify_cost_v"].items() if k)
+        lines.append(f"round costs, {name}: plain step {c['plain_step_ms']:.1f} ms; draft cost c per token by k "
+                     f"{{{draft}}}; verify cost v(k) {{{verify}}}")
     if "machine" in report:
         lines.append(report["machine"]["note"])
     return "\n".join(lines)

@@ -5,6 +5,10 @@ ones. mlx-lm's own `trim` is exact for `KVCache` and `QuantizedKVCache`, but a s
 `RotatingKVCache` that has wrapped overwrote the keys it would need, and mlx-lm then trims nothing. Here each
 sliding-window cache is made `slack` slots larger than its window (attention still sees exactly the window:
 the models pass `window_size` to the mask), so the last `slack` positions can always be undone exactly.
+
+Full-attention caches are `TreeKVCache` / `QuantizedTreeKVCache`: while `attend` is set, a forward sees the cached
+prefix and, among the last positions, only what `attend` allows (a token tree's ancestors); `keep` then
+compacts the kept positions of such a block to the front of it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,28 @@ from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, Rotating
 
 from .compat import set_write_index, write_index
 from .errors import SpecError
+
+
+class TreeMask:
+    """Mixin for full-attention caches. `attend` (n, m) bool, set around one forward of n new positions: new
+    position i sees, of the last m positions (cached and new), those where attend[i] is True, and every
+    position before them. mlx-lm asks the cache for the mask (`create_attention_mask`)."""
+
+    attend: mx.array | None = None
+
+    def make_mask(self, n: int, *args, **kwargs):
+        if self.attend is None:
+            return super().make_mask(n, *args, **kwargs)
+        prefix = self.offset + n - self.attend.shape[1]
+        return mx.concatenate([mx.ones((n, prefix), dtype=mx.bool_), self.attend], axis=1)
+
+
+class TreeKVCache(TreeMask, KVCache):
+    pass
+
+
+class QuantizedTreeKVCache(TreeMask, QuantizedKVCache):
+    pass
 
 
 class RecurrentCache(ArraysCache):
@@ -63,8 +89,8 @@ def make_caches(model, slack: int, kv_bits: int | None = None, kv_group_size: in
     for cache in make_prompt_cache(model):
         if type(cache) is RotatingKVCache:
             cache = RotatingKVCache(max_size=cache.max_size + slack, keep=cache.keep)
-        elif type(cache) is KVCache and kv_bits:
-            cache = cache.to_quantized(group_size=kv_group_size, bits=kv_bits)
+        elif type(cache) is KVCache:
+            cache = QuantizedTreeKVCache(kv_group_size, kv_bits) if kv_bits else TreeKVCache()
         elif type(cache) is ArraysCache and recurrent:
             cache = RecurrentCache(len(cache.cache))
         caches.append(cache)
@@ -80,8 +106,21 @@ def unsupported_cache(caches: list) -> str | None:
 
 
 def trimmable(caches: list) -> bool:
-    """Whether any number of positions can be removed (full KV caches only)."""
-    return all(type(cache) in (KVCache, QuantizedKVCache) for cache in caches)
+    """Whether any number of positions can be removed, or a tree's be compacted (full KV caches only)."""
+    return all(isinstance(cache, TreeMask) for cache in caches)
+
+
+def keep(caches: list, block: int, kept: list[int]) -> None:
+    """Of the last `block` positions, keep those at `kept` (indices into the block, ascending), moved to the
+    front of the block in that order; remove the others. Full KV caches only (`trimmable`)."""
+    for cache in caches:
+        start = cache.offset - block
+        if kept != list(range(len(kept))):  # a chain's prefix is already in place
+            rows = mx.array([start + i for i in kept])
+            for buffers in (cache.keys, cache.values):
+                for buffer in buffers if isinstance(buffers, tuple) else (buffers,):  # quantized: data, scales, biases
+                    buffer[..., start:start + len(kept), :] = buffer[..., rows, :]
+        cache.offset = start + len(kept)
 
 
 def rollback(caches: list, n: int, slack: int) -> None:

@@ -51,6 +51,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                              "the models.toml recommendation, else " +
                              ", ".join(f"{k.name} {k.max_draft_len}" for k in DRAFTERS.values() if k.max_draft_len)
                              + ")")
+    parser.add_argument("--tree-width", type=int, default=1,
+                        help="draft token trees with this many nodes per level (draft model only; default 1: a "
+                             "chain)")
     parser.add_argument("--mtp-hidden", choices=["post", "pre"], default="post",
                         help="target hidden state fed to the MTP layer: after (default) or before the final norm")
     parser.add_argument("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
@@ -99,11 +102,11 @@ def load_engine(args):
     from .loading import load
 
     engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size,
-                  args.mtp_hidden)
+                  args.mtp_hidden, args.tree_width)
     if notice := model_notice(args.model):
         print(notice, file=sys.stderr)
     status = engine.status()
-    drafter = f"{status.drafter}, {status.policy}" if status.drafter != "off" else "off"
+    drafter = f"{status.drafter}, {status.shape}, {status.policy}" if status.drafter != "off" else "off"
     print(f"drafter: {drafter} | BLAS: {linux_blas.describe()}", file=sys.stderr)
     return engine
 
@@ -189,7 +192,7 @@ def bench(args) -> int:
     if args.model is None:
         print(model_notice(None).replace("using", "benchmarking"), file=sys.stderr)
     plain = load(args.model, args.draft_model, "off", kv_bits=args.kv_bits, kv_group_size=args.kv_group_size,
-                 mtp_hidden=args.mtp_hidden)
+                 mtp_hidden=args.mtp_hidden, tree_width=args.tree_width)
     available = [d for d in plain.status().drafters if d != "off"]
     drafters = args.drafters.split(",") if args.drafters else available
     total = sum(len(prompts) for _, prompts in categories.values()) * args.reps * (len(drafters) + 1)

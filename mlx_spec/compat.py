@@ -7,19 +7,24 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
   attributes and the bias-free depthwise conv of mlx-lm's GDN layers that the capturing layers in
   `models/qwen3_5.py` reimplement;
 - swapping the class of a model's final norm and GDN layers (`swap_class`), found at `model.model.norm`;
-- the Gemma 4 `DecoderLayer` call `(x, mask, cache, per_layer_input, shared_kv=, offset=) -> (h, kv, offset)`.
+- the Gemma 4 `DecoderLayer` call `(x, mask, cache, per_layer_input, shared_kv=, offset=) -> (h, kv, offset)`;
+- for token trees: attention layers that rotate with `self.rope(x, offset=cache.offset)` through
+  `mx.fast.rope` (which takes one offset per batch row), and masks that come from `cache.make_mask`.
 `check()` runs each of these on tiny layers the first time a model is wrapped, and fails with a message naming
 the installed mlx-lm version and the tested range, so an mlx-lm release that changes them breaks loudly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
 import inspect
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models import gemma4_text, qwen3_5, qwen3_next
+from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
 from .errors import SpecError
@@ -71,6 +76,62 @@ def final_norm(model):
 def gemma4_layer(layer, x: mx.array, mask, shared_kv: tuple, offset: int) -> mx.array:
     """A Gemma 4 decoder layer attending to another model's K/V."""
     return layer(x, mask, None, shared_kv=shared_kv, offset=offset)[0]
+
+
+_positions: list = [None]  # the positions of the forward in progress, when they are not consecutive
+
+
+def _positioned_rope_call(self, x, offset=0):
+    base = type(self).__bases__[0].__call__
+    if _positions[0] is None:
+        return base(self, x, offset)
+    # (1, heads, n, dims) -> one batch row per token: mx.fast.rope takes an offset per batch row
+    return base(self, x.swapaxes(0, 2), _positions[0]).swapaxes(0, 2)
+
+
+def positioned_ropes(model) -> int:
+    """Let the attention layers' rotary embeddings take arbitrary positions (`positions`); returns how many
+    attention layers rotate (0: the model cannot verify a tree)."""
+    count = 0
+    for module in model.modules():
+        rope = getattr(module, "rope", None)
+        if isinstance(rope, nn.Module):
+            if not hasattr(type(rope), "positioned"):
+                swap_class(rope, type(f"Positioned{type(rope).__name__}", (type(rope),),
+                                      {"__call__": _positioned_rope_call, "positioned": True}))
+            count += 1
+    return count
+
+
+@contextlib.contextmanager
+def positions(values: mx.array):
+    """Within: the rotary embeddings of `positioned_ropes` models put the new tokens at `values` (n,)."""
+    _positions[0] = values
+    try:
+        yield
+    finally:
+        _positions[0] = None
+
+
+@functools.cache
+def check_trees() -> None:
+    """Token-tree verification's reliance points, on tiny inputs."""
+    from .caches import TreeKVCache
+
+    holder = nn.Module()
+    holder.rope = nn.RoPE(8)
+    positioned_ropes(holder)
+    x = mx.random.normal((1, 2, 3, 8), key=mx.random.key(0))
+    with positions(mx.array([5, 6, 6])):
+        tree = holder.rope(x, offset=5)
+    if not (mx.allclose(tree[:, :, :2], holder.rope(x[:, :, :2], offset=5))
+            and mx.allclose(tree[:, :, 2:], holder.rope(x[:, :, 2:], offset=6))):
+        raise broken("rotary embeddings (mx.fast.rope no longer takes an offset per batch row)")
+    cache = TreeKVCache()
+    cache.attend = mx.array([[True, False], [False, True]])
+    mask = create_attention_mask(mx.zeros((1, 2, 4)), cache)
+    if not (isinstance(mask, mx.array) and mask.tolist() == [[True, False], [False, True]]):
+        raise broken("attention masks (create_attention_mask no longer asks the cache's make_mask)")
 
 
 @functools.cache

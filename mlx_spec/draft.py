@@ -1,20 +1,50 @@
-"""The value a drafter hands to the verifier."""
+"""The value a drafter hands to the verifier: a chain of tokens, or a token tree."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 
 @dataclass
 class Draft:
-    """Proposed continuation: `tokens` (k,) and the distributions `q` (k, V) they were drawn from
-    (None for deterministic drafters, whose q is one-hot)."""
+    """Proposed continuation: `tokens` (k,) and the distributions `q` (k, V) they were drawn from (None for
+    deterministic drafters, whose q is one-hot).
+
+    A tree also has `parents`: node i continues node parents[i] (< i; -1: the round's last token), nodes in
+    order of depth. Siblings are tried in order; a tree is verified with one-hot q. A chain is the tree
+    parents = [-1, 0, 1, ...] and keeps `parents` None."""
 
     tokens: mx.array
     q: mx.array | None = None
+    parents: list[int] | None = None
 
     @classmethod
     def empty(cls) -> "Draft":
         return cls(mx.zeros((0,), dtype=mx.int32))
+
+    def depths(self) -> list[int]:
+        """Depth of each node, the first draft position being depth 1."""
+        depth: list[int] = []
+        for parent in self.parents:
+            depth.append(1 + (depth[parent] if parent >= 0 else 0))
+        return depth
+
+    def attention(self) -> np.ndarray:
+        """(k + 1, k + 1) bool over [last, *nodes]: each sees itself and its ancestors."""
+        k = len(self.parents)
+        sees = np.eye(k + 1, dtype=bool)
+        sees[:, 0] = True
+        for i, parent in enumerate(self.parents):
+            sees[i + 1] |= sees[parent + 1]
+        return sees
+
+    def ancestors(self, node: int) -> list[int]:
+        """The nodes from depth 1 down to `node` (inclusive)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]

@@ -7,6 +7,7 @@ positions from the cache. One host synchronisation per round; everything before 
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -21,7 +22,7 @@ from .prompts import render_prompt
 from .sampling import SamplingParams
 from .stats import Stats
 from .target import MAX_DRAFT_LEN, Target
-from .verify import verify_draft
+from .verify import verify_draft, verify_tree
 
 
 @dataclass
@@ -40,8 +41,9 @@ class Text:
 
 @dataclass
 class Round:
-    draft_len: int
+    draft_len: int  # drafted positions (a tree's depth)
     accepted: int
+    nodes: int = 0  # drafted tokens verified (a tree's nodes; a chain's draft_len)
 
 
 @dataclass
@@ -70,6 +72,30 @@ class EngineStatus:
     draft_len: int | None  # pinned drafts per round (0: drafting off), None while adaptive
     max_draft_len: int
     drafters: list[str]  # what `with_drafter` accepts for this target, "off" included
+    shape: str = "chain"  # what the drafter proposes: "chain", "tree of width W", or a chain and why no tree
+
+
+@dataclass
+class RoundCosts:
+    """Seconds of a round's parts, each evaluated on its own (`Engine.profile`)."""
+
+    verify: dict[int, float]  # k -> the target's forward over the last token and k drafts (k = 0: a plain step)
+    draft: dict[int, float]  # k -> the drafter proposing k tokens
+
+    def relative(self, k: float) -> float:
+        """k c + v(k): a round with k drafts in plain steps; a fractional k (a policy's mean) interpolates
+        between the lengths measured."""
+        lengths = sorted(self.verify)
+        below = max((n for n in lengths if n <= k), default=lengths[0])
+        above = min((n for n in lengths if n >= k), default=lengths[-1])
+        cost = {n: self.verify[n] + self.draft.get(n, 0.0) for n in (below, above)}
+        share = (k - below) / (above - below) if above > below else 0.0
+        return (cost[below] + share * (cost[above] - cost[below])) / self.verify[0]
+
+    def bound(self, draft_len: float, tokens_per_round: float) -> float:
+        """E[N] / (k c + v(k)): the speedup over plain decoding that rounds of `draft_len` drafts emitting
+        `tokens_per_round` tokens reach when only the draft and the verify forward take time."""
+        return tokens_per_round / self.relative(draft_len)
 
 
 def check_draft_len(n: int | None) -> None:
@@ -147,7 +173,8 @@ class Engine:
     def status(self) -> EngineStatus:
         policy = self.next_policy
         return EngineStatus(self.drafter.name if self.drafter else "off", policy.note,
-                            getattr(policy, "pinned", None), self.max_draft_len, self.drafters)
+                            getattr(policy, "pinned", None), self.max_draft_len, self.drafters,
+                            getattr(self.drafter, "shape", "chain"))
 
     def with_drafter(self, drafter: str) -> "Engine":
         """Another engine on the same target weights (loaded once), drafting with `drafter` ("off": none)."""
@@ -195,20 +222,20 @@ class Engine:
             draft_len = self.policy.next_draft_len(max_tokens - len(generated))
             round_start = time.perf_counter()
             try:
-                draft_len, accepted, new_tokens = self.speculate_round(context, draft_len, params, round_key)
+                verdict, new_tokens = self.speculate_round(context, draft_len, params, round_key)
             except Exception:
                 self.cached_context = []  # the cache may hold a half-finished round: never reuse it
                 raise
-            self.policy.observe(draft_len, accepted, time.perf_counter() - round_start)
+            self.policy.observe(verdict.draft_len, verdict.accepted, time.perf_counter() - round_start)
             context += new_tokens
-            stats.record_round(draft_len, accepted)
-            yield Round(draft_len, accepted)
+            stats.record_round(verdict)
+            yield verdict
             for i, token in enumerate(new_tokens):
                 generated.append(token)
                 if token in eos:
                     stop_reason = "eos"
                     break
-                yield Token(token, text.add(token), from_draft=i < accepted)
+                yield Token(token, text.add(token), from_draft=i < verdict.accepted)
                 if text.stopped_at is not None:
                     stop_reason = "stop_string"
                 elif len(generated) >= max_tokens:
@@ -226,20 +253,67 @@ class Engine:
         stats.record_memory()
         yield Done(stop_reason, text.text, generated, stats)
 
-    def speculate_round(self, context: list[int], draft_len: int, params: SamplingParams, key: mx.array):
-        """One round: returns (drafts proposed, drafts accepted, tokens to append to the context)."""
+    def speculate_round(self, context: list[int], draft_len: int, params: SamplingParams, key: mx.array,
+                        seconds: dict | None = None):
+        """One round: returns (its Round, the tokens to append to the context). With `seconds`, the draft and
+        the target's forward are each evaluated and timed on their own (slower)."""
         draft_key, verify_key = mx.random.split(key)
+        start = time.perf_counter()
         draft = self.drafter.propose(context, draft_len, params, draft_key) if draft_len else Draft.empty()
         draft_len = draft.tokens.shape[0]
-        step = self.target.forward(mx.concatenate([mx.array(context[-1:], dtype=mx.int32), draft.tokens]))
-        accepted, next_token = verify_draft(draft, step.logits, params, context, verify_key)
-        mx.eval(draft.tokens, accepted, next_token)  # the round's only host synchronisation
-        accepted = accepted.item()
-        self.target.rollback(draft_len - accepted)
-        new_tokens = draft.tokens[:accepted].tolist() + [next_token.item()]
+        if seconds is not None:
+            mx.eval(draft.tokens)
+            seconds["draft"], start = time.perf_counter() - start, time.perf_counter()
+        inputs = mx.concatenate([mx.array(context[-1:], dtype=mx.int32), draft.tokens])
+        if draft.parents is None:
+            step = self.target.forward(inputs)
+        else:
+            positions = [self.target.offset + depth for depth in [0, *draft.depths()]]
+            step = self.target.forward(inputs, draft.attention(), positions)
+        if seconds is not None:
+            mx.eval(step.logits)
+            seconds["verify"] = time.perf_counter() - start
+        if draft.parents is None:
+            accepted, next_token = verify_draft(draft, step.logits, params, context, verify_key)
+            mx.eval(draft.tokens, accepted, next_token)  # the round's only host synchronisation
+            accepted = accepted.item()
+            self.target.rollback(draft_len - accepted)
+            new_tokens = draft.tokens[:accepted].tolist() + [next_token.item()]
+            verdict = Round(draft_len, accepted, draft_len)
+        else:
+            path, next_token = verify_tree(draft, step.logits, params, context, verify_key)
+            kept, tokens = [0, *(node + 1 for node in path)], draft.tokens.tolist()
+            self.target.keep(draft_len + 1, kept)
+            step = step.rows(kept)
+            new_tokens = [tokens[node] for node in path] + [next_token]
+            verdict = Round(max(draft.depths()), len(path), draft_len)
         if self.drafter:
-            self.drafter.accept(context + new_tokens, accepted, step.first(accepted + 1))
-        return draft_len, accepted, new_tokens
+            self.drafter.accept(context + new_tokens, verdict.accepted, step.first(verdict.accepted + 1))
+        return verdict, new_tokens
+
+    def profile(self, prompt: str | list[int] | list[dict], draft_lens: list[int], rounds: int = 3,
+                params: SamplingParams = SamplingParams()) -> RoundCosts:
+        """Time a round's parts on real rounds continuing `prompt`: for plain steps and each draft length, the
+        median of `rounds` rounds after an untimed one. A drafter that finds fewer drafts (n-gram) is timed at
+        the length it drafted."""
+        context = self.encode(prompt)
+        self.cached_context = []
+        prompt_step = self.target.prefill(context[:-1])
+        if self.drafter:
+            self.drafter.begin(context, prompt_step)
+        timed: dict[int, list[dict]] = {}
+        key = mx.random.key(0)
+        for k in dict.fromkeys([0, *(draft_lens if self.drafter else [])]):
+            for r in range(rounds + 1):
+                key, round_key = mx.random.split(key)
+                seconds = {}
+                verdict, new_tokens = self.speculate_round(context, k, params, round_key, seconds)
+                context += new_tokens
+                if r:
+                    timed.setdefault(verdict.draft_len, []).append(seconds)
+        self.cached_context = context
+        return RoundCosts({k: statistics.median(s["verify"] for s in runs) for k, runs in timed.items()},
+                          {k: statistics.median(s["draft"] for s in runs) for k, runs in timed.items() if k})
 
     def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, stop: list[str] = (), seed: int = 0) -> Result:

@@ -169,9 +169,12 @@ def load_target(model: str | None, draft_model: str | None = None) -> LoadedTarg
     return LoadedTarget(target_path, target_model, tokenizer, config, entry, default_draft)
 
 
+MAX_TREE_WIDTH = 8
+
+
 def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: str | None = None,
                 draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
-                mtp_hidden: str = "post") -> Engine:
+                mtp_hidden: str = "post", tree_width: int = 1) -> Engine:
     """An Engine around a loaded target with the chosen drafter (see `load` for the arguments)."""
     declares_mtp = declared_mtp_layers(target.config) > 0
     drafter = drafter or default_drafter(bool(draft_model), declares_mtp, bool(target.default_draft_model))
@@ -185,6 +188,11 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                         "or --draft-model")
     if mtp_hidden not in ("post", "pre"):
         raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
+    if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
+        raise SpecError(f"tree width must be from 1 (a chain) to {MAX_TREE_WIDTH}, got {tree_width!r}")
+    if tree_width > 1 and drafter not in ("draft-model", "off"):
+        raise SpecError(f"--tree-width needs a draft model (--draft-model): the {drafter} drafter proposes "
+                        "chains only")
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
     assistant = draft_path is not None and is_assistant(read_config(draft_path))
     max_draft_len = target.entry.get("draft_len") or (ASSISTANT_MAX_DRAFT_LEN if assistant
@@ -218,9 +226,18 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         chosen = DraftModelDrafter(draft, vocab_size(target.config), kv_bits, kv_group_size)
         if problem := chosen.runner.rollback_problem():
             raise SpecError(f"draft model {draft_path} cannot be used: {problem}")
+        if tree_width > 1:
+            problem = runner.tree_problem() or chosen.runner.tree_problem()
+            chosen.width = 1 if problem else tree_width
+            chosen.shape = (f"chain (no tree: {target.path.name if runner.tree_problem() else draft_path.name} "
+                            f"{problem})" if problem else f"tree of width {tree_width}")
+
+    if tree_width > 1 and assistant:
+        raise SpecError("--tree-width needs a draft model: a Gemma 4 assistant proposes chains only")
 
     def sibling(name: str) -> Engine:
-        return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden)
+        return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden,
+                           tree_width if name in ("draft-model", "off") else 1)
     return Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
                   available_drafters(target, draft_model) + ["off"])
 
@@ -263,7 +280,7 @@ def load_assistant_drafter(path: Path, target: LoadedTarget, runner: Target, kv_
 
 def load(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
          draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
-         mtp_hidden: str = "post") -> Engine:
+         mtp_hidden: str = "post", tree_width: int = 1) -> Engine:
     """Load a target and a drafter into an Engine.
 
     model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
@@ -273,9 +290,11 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     `drafters.DEFAULT_ORDER` that this target has.
     mtp_hidden: the target hidden state fed to the MTP layer, after ("post", as the reference implementations)
     or before ("pre") the final norm.
+    tree_width: > 1 makes the draft model propose token trees of that many nodes per level (verified in one
+    forward); targets or drafts whose caches cannot hold a tree draft chains, and `status().shape` says why.
     """
     planned_draft = draft_model if drafter in (None, "draft-model") else None
     if planned_draft is None and drafter in (None, "draft-model"):
         planned_draft = registry().get(model or DEMO_NAME, {}).get("draft_model")
     target = load_target(model, planned_draft)
-    return make_engine(target, draft_model, drafter, draft_len, kv_bits, kv_group_size, mtp_hidden)
+    return make_engine(target, draft_model, drafter, draft_len, kv_bits, kv_group_size, mtp_hidden, tree_width)

@@ -105,6 +105,20 @@ def greedy_tokens(logits: mx.array, params: SamplingParams, history: list[int], 
     return mx.argmax(penalized(logits, params, history, drafts, start), axis=-1).astype(mx.int32)
 
 
+def tree_penalized(logits: mx.array, params: SamplingParams, history: list[int],
+                   prefixes: list[list[int]]) -> mx.array:
+    """`penalized` for the nodes of a tree: row i scores the token after history + prefixes[i]."""
+    logits = logits.astype(mx.float32)
+    if not params.has_penalties:
+        return logits
+    window, vocab = params.penalty_window, logits.shape[-1]
+    rows = []
+    for prefix in prefixes:
+        past = mx.array((history[-window:] + prefix)[-window:], dtype=mx.int32)
+        rows.append(mx.zeros((vocab,), mx.float32).at[past].add(1.0) if past.size else mx.zeros((vocab,)))
+    return apply_penalties(logits, mx.stack(rows), params)
+
+
 def distributions(logits: mx.array, params: SamplingParams, history: list[int],
                   drafts: mx.array | None = None, start: int = 0) -> mx.array:
     """Processed next-token distributions for consecutive positions.
@@ -112,7 +126,12 @@ def distributions(logits: mx.array, params: SamplingParams, history: list[int],
     logits: (n, V) raw logits; row j scores the token after history + drafts[:start + j].
     Returns (n, V) float32 probabilities. Greedy parameters give one-hot argmax rows.
     """
-    logits = penalized(logits, params, history, drafts, start)
+    return probabilities(penalized(logits, params, history, drafts, start), params)
+
+
+def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
+    """Penalized float32 logits (n, V) -> distributions after temperature, top-k, top-p and min-p (one-hot
+    argmax rows when greedy)."""
     vocab = logits.shape[-1]
     if params.greedy:
         return (mx.arange(vocab)[None] == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)

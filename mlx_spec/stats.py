@@ -15,8 +15,9 @@ class Stats:
     reused_prompt_tokens: int = 0  # of those, already in the cache from the previous generation
     generated_tokens: int = 0
     rounds: int = 0  # target forward passes after the prefill
-    drafted: int = 0
+    drafted: int = 0  # drafted positions (a tree counts its depth)
     accepted: int = 0
+    nodes: int = 0  # drafted tokens verified (a tree's nodes, a chain's length)
     position_drafted: list[int] = field(default_factory=list)  # rounds that drafted position j
     position_accepted: list[int] = field(default_factory=list)  # rounds that accepted position j
     prefill_seconds: float = 0.0
@@ -24,10 +25,13 @@ class Stats:
     peak_memory: int = 0
     active_memory: int = 0
 
-    def record_round(self, draft_len: int, accepted: int) -> None:
+    def record_round(self, verdict) -> None:
+        """Count a finished round (an engine `Round`)."""
+        draft_len, accepted = verdict.draft_len, verdict.accepted
         self.rounds += 1
         self.drafted += draft_len
         self.accepted += accepted
+        self.nodes += verdict.nodes
         grow = draft_len - len(self.position_drafted)
         if grow > 0:
             self.position_drafted += [0] * grow
@@ -42,7 +46,7 @@ class Stats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted draft tokens / drafted tokens."""
+        """Accepted draft tokens / drafted positions (a tree's depth: the fraction of the deepest path)."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
@@ -65,7 +69,7 @@ class Stats:
 
     def to_dict(self) -> dict:
         names = ["drafter", "policy", "prompt_tokens", "reused_prompt_tokens", "generated_tokens", "rounds",
-                 "drafted", "accepted", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
+                 "drafted", "accepted", "nodes", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
                  "prefill_tps", "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory"]
         return {name: getattr(self, name) for name in names}
 
@@ -77,7 +81,9 @@ class Stats:
             positions = " ".join(f"{a:.0%}" for a in self.per_position_acceptance)
             line += (f" | {self.drafter}: acceptance {self.acceptance_rate:.1%} "
                      f"({self.accepted}/{self.drafted}), {self.mean_acceptance_length:.2f} tokens/step, "
-                     f"per position [{positions}]; {self.policy}")
+                     f"per position [{positions}]"
+                     + (f", {self.nodes / self.rounds:.1f} tree nodes/round" if self.nodes > self.drafted else "")
+                     + f"; {self.policy}")
         else:
             line += " | drafting off"
         return line + f" | peak memory {self.peak_memory / 2**20:.0f} MiB"

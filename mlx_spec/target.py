@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from . import compat
-from .caches import RecurrentCache, make_caches, rollback, trimmable, unsupported_cache
+from .caches import RecurrentCache, keep, make_caches, rollback, trimmable, unsupported_cache
+from .errors import SpecError
 from .models import qwen3_5
 
 MAX_DRAFT_LEN = 32
@@ -25,6 +27,12 @@ class Step:
     def first(self, n: int) -> "Step":
         return Step(None if self.logits is None else self.logits[:n], None if self.hidden is None else self.hidden[:n],
                     self.start)
+
+    def rows(self, indices: list[int]) -> "Step":
+        """The inputs at `indices` (a tree's accepted path)."""
+        index = mx.array(indices)
+        return Step(None if self.logits is None else self.logits[index],
+                    None if self.hidden is None else self.hidden[index], self.start)
 
 
 def _tapped_norm_call(self, x):
@@ -52,6 +60,7 @@ class Target:
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
         self.recurrent = qwen3_5.install(model)
         self.hidden, self.norm = hidden, tap_final_norm(model) if hidden else None
+        self.tree_ready = False  # tree_problem() found none
         self.reset()
 
     def reset(self) -> None:
@@ -64,11 +73,36 @@ class Target:
         name = unsupported_cache(self.cache)
         return name and f"its {name} cache cannot be rolled back yet"
 
-    def forward(self, tokens) -> Step:
-        """Run `tokens` (list or 1-D array) through the model after the cached positions; lazy."""
+    def tree_problem(self) -> str | None:
+        """Why this model cannot verify a token tree in one forward (None when it can)."""
+        if not trimmable(self.cache):
+            return "its sliding-window or recurrent layers keep one sequence, not the branches of a tree"
+        compat.check_trees()
+        if compat.positioned_ropes(self.model) != len(self.cache):
+            return "not every attention layer has a rotary embedding of its own that mlx-spec can place"
+        self.tree_ready = True
+        return None
+
+    def forward(self, tokens, attend: np.ndarray | None = None, positions: list[int] | None = None) -> Step:
+        """Run `tokens` (list or 1-D array) through the model after the cached positions; lazy.
+
+        A tree (`tree_problem()` None): `attend` (n, m) says which of the last m positions (cached and new)
+        each new token sees, besides everything before them; `positions` (n,) are its tokens' positions."""
         tokens = mx.array(tokens, dtype=mx.int32) if isinstance(tokens, list) else tokens
         self.offset += tokens.shape[0]
-        logits = self.model(tokens[None], cache=self.cache)[0]
+        if attend is None:
+            logits = self.model(tokens[None], cache=self.cache)[0]
+        else:
+            if not self.tree_ready and (problem := self.tree_problem()):
+                raise SpecError(f"this model cannot verify a token tree: {problem}")
+            for cache in self.cache:
+                cache.attend = mx.array(attend)
+            try:
+                with compat.positions(mx.array(positions)):
+                    logits = self.model(tokens[None], cache=self.cache)[0]
+            finally:
+                for cache in self.cache:
+                    cache.attend = None
         if self.norm is None:
             return Step(logits)
         pre, post = self.norm.tapped
@@ -109,6 +143,12 @@ class Target:
             cache.release()
             cache.capture = True
         return Step(None, mx.concatenate(hidden) if self.norm is not None and hidden else None, keep)
+
+    def keep(self, block: int, kept: list[int]) -> None:
+        """Of the last `block` positions keep those at `kept` (ascending indices into the block), in order:
+        a tree's accepted path."""
+        keep(self.cache, block, kept)
+        self.offset += len(kept) - block
 
     def rollback(self, n: int) -> None:
         """Remove the last n positions (n may be 0: that releases what was kept for a rollback)."""

@@ -5,14 +5,18 @@ position is resampled from norm(max(0, p_j - q_j)); when all drafts pass, a bonu
 emitted tokens are then distributed exactly as sampling the target alone. Deterministic drafts have a one-hot
 q; greedy parameters make p one-hot, which turns the rule into "accept while the draft is the argmax".
 Everything stays on the device: the caller evaluates `accepted` and `next_token` in one sync.
+
+A token tree (`verify_tree`) is walked from the root on the host, trying each node's children in order with the
+multi-candidate rule of SpecInfer / SpecTr for one-hot candidates.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from .draft import Draft
-from .sampling import SamplingParams, distributions, greedy_tokens, sample
+from .sampling import SamplingParams, distributions, greedy_tokens, probabilities, sample, tree_penalized
 
 
 def verify_draft(draft: Draft, logits: mx.array, params: SamplingParams, history: list[int],
@@ -46,3 +50,39 @@ def verify(draft_tokens: mx.array, q: mx.array | None, p: mx.array, key: mx.arra
     residual = mx.where(mass > 0, residual / mx.maximum(mass, 1e-30), p[:k])
     candidates = sample(mx.concatenate([residual, p[k:]]), sample_key)
     return accepted, candidates[accepted]
+
+
+def verify_tree(draft: Draft, logits: mx.array, params: SamplingParams, history: list[int],
+                key: mx.array) -> tuple[list[int], int]:
+    """The target's verdict on a token tree from its logits over [last, *nodes]: (the accepted path as node
+    indices, the next token). At each node of the path, with p' = the target's distribution there, each child x
+    in turn is accepted with probability p'(x), else removed from p' (zeroed, renormalised); when none is
+    accepted, the next token is drawn from p'. The emitted tokens follow the target's distribution exactly;
+    greedy parameters make it "follow the child equal to the argmax"."""
+    tokens = draft.tokens.tolist()
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(draft.parents):
+        children.setdefault(parent, []).append(node)
+    prefixes = [[]] + [[tokens[a] for a in draft.ancestors(node)] for node in range(len(tokens))]
+    logits = tree_penalized(logits, params, history, prefixes)
+    path, node = [], -1
+    if params.greedy:
+        choice = mx.argmax(logits, axis=-1).tolist()
+        while True:
+            child = next((c for c in children.get(node, []) if tokens[c] == choice[node + 1]), None)
+            if child is None:
+                return path, choice[node + 1]
+            path.append(node := child)
+    p = np.array(probabilities(logits, params), dtype=np.float64)
+    rng = np.random.default_rng(mx.random.randint(0, 2**31 - 1, (2,), key=key).tolist())
+    while True:
+        residual = p[node + 1] / p[node + 1].sum()  # float32 rows sum to 1 only within 1e-7
+        for child in children.get(node, []):
+            x = tokens[child]
+            if rng.random() < residual[x]:
+                path.append(node := child)
+                break
+            residual[x] = 0.0
+            residual /= residual.sum()
+        else:
+            return path, int(rng.choice(len(residual), p=residual))

@@ -1,12 +1,13 @@
 """Speed on real weights: the Qwen2.5-Coder 1.5B target with its 0.5B sibling as draft (float32, from
 scripts/real_models.py), every contender interleaved in one process, greedy, each output checked against plain.
 
-    python scripts/bench_real.py [--tokens 40 --reps 3 --ks 2,4,6 --temp 0]
+    python scripts/bench_real.py [--tokens 40 --reps 3 --ks 1,2,3,4,5,6 --temp 0]
 
-After one untimed pass of every contender, in rounds: mlx-lm's plain `generate_step` (the baseline) and `speculative_generate_step` (k=4); mlx-spec with
-drafting off, the draft model pinned at each k, the draft model and n-gram under the adaptive policy. Prints the
-median and spread (max - min over median, the worst prompt's) of decode tok/s per contender, the ratio to the baseline, acceptance,
-whether every greedy output equals plain decoding, and whether the machine was quiet enough to trust the figures.
+After one untimed pass of every contender, in rounds: mlx-lm's plain `generate_step` (the baseline); mlx-spec with
+drafting off; at each k, mlx-lm's `speculative_generate_step` and mlx-spec's draft model pinned at k; the draft
+model and n-gram under the adaptive policy; the draft model drafting token trees of each width, adaptive. Prints the median and spread (max - min over median, the worst
+prompt's) of decode tok/s per contender, the ratio to the baseline, acceptance, whether every greedy output equals
+plain decoding, mlx-spec over mlx-lm at each k, and whether the machine was quiet enough to trust the figures.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import Neighbours, spread  # noqa: E402
+from mlx_spec.drafters.draft_model import DraftModelDrafter  # noqa: E402
+from mlx_spec.engine import Engine  # noqa: E402
 from mlx_spec.sampling import SamplingParams  # noqa: E402
+from mlx_spec.target import Target  # noqa: E402
 
 PROMPTS = [
     [{"role": "user", "content": "Write a Python function that parses an ISO 8601 date string and returns a "
@@ -50,7 +54,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--ks", default="2,4,6", help="pinned draft lengths to measure")
+    parser.add_argument("--ks", default="1,2,3,4,5,6", help="draft lengths to measure, pinned, in both engines")
+    parser.add_argument("--widths", default="2,3", help="token-tree widths to measure (adaptive depth)")
     parser.add_argument("--temp", type=float, default=0.0, help="temperature (top-p 0.9 when > 0)")
     args = parser.parse_args()
     target_dir, draft_dir = (real_models.mlx_dir(n) for n in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"))
@@ -64,9 +69,14 @@ def main() -> int:
     draft_engine = mlx_spec.load(str(target_dir), draft_model=str(draft_dir))
     model, draft_model = draft_engine.target.model, draft_engine.drafter.weights  # mlx-lm runs the same weights
     ngram = draft_engine.with_drafter("ngram")
+    ks = [int(k) for k in args.ks.split(",")]
     engines = {"mlx-spec off": (draft_engine.with_drafter("off"), 0)}  # name -> (engine, pinned length or None)
-    engines.update({f"mlx-spec draft k={k}": (draft_engine, k) for k in map(int, args.ks.split(","))})
+    engines.update({f"mlx-spec draft k={k}": (draft_engine, k) for k in ks})
     engines.update({"mlx-spec draft adaptive": (draft_engine, None), "mlx-spec ngram adaptive": (ngram, None)})
+    for width in (int(w) for w in args.widths.split(",") if w):  # trees on the same weights
+        drafter = DraftModelDrafter(draft_model, draft_engine.drafter.vocab_size, width=width)
+        engines[f"mlx-spec tree w={width} adaptive"] = (Engine(Target(model), draft_engine.tokenizer, drafter, None,
+                                                               draft_engine.max_draft_len), None)
     for engine, _ in engines.values():
         engine.tokenizer.eos_token_ids = []  # every contender makes exactly n tokens
 
@@ -76,12 +86,11 @@ def main() -> int:
     with Neighbours() as neighbours:
         for p, prompt in enumerate(PROMPTS):
             ids = mlx_spec.render_prompt(draft_engine.tokenizer, prompt)
-            contenders = {
-                "mlx-lm plain": lambda: mlx_lm_rate(generate_step(mx.array(ids), model, max_tokens=n,
-                                                                  sampler=sampler)),
-                "mlx-lm speculative k=4": lambda: mlx_lm_rate(speculative_generate_step(
-                    mx.array(ids), model, draft_model, num_draft_tokens=4, max_tokens=n, sampler=sampler)),
-            }
+            contenders = {"mlx-lm plain": lambda: mlx_lm_rate(generate_step(mx.array(ids), model, max_tokens=n,
+                                                                             sampler=sampler))}
+            for k in ks:
+                contenders[f"mlx-lm speculative k={k}"] = lambda k=k: mlx_lm_rate(speculative_generate_step(
+                    mx.array(ids), model, draft_model, num_draft_tokens=k, max_tokens=n, sampler=sampler))
             for name, (engine, k) in engines.items():
                 def run(name=name, engine=engine, k=k):
                     engine.pin(k)  # a fresh policy for each generation, as each command gets
@@ -107,6 +116,9 @@ def main() -> int:
         rate = f"{statistics.mean(acceptance[name]):.2f}" if acceptance.get(name) and "off" not in name else "-"
         print(f"| {name} | {statistics.median(values):.2f} | {worst_spread[name]:.0%} | "
               f"{statistics.median(values) / baseline:.2f}x | {rate} | {same if greedy else 'n/a (sampled)'} |")
+    ratios = [statistics.median(speeds[f"mlx-spec draft k={k}"])
+              / statistics.median(speeds[f"mlx-lm speculative k={k}"]) for k in ks]
+    print("mlx-spec draft pinned / mlx-lm speculative: " + ", ".join(f"k={k} {r:.2f}x" for k, r in zip(ks, ratios)))
     print(neighbours.verdict(worst_spread["mlx-lm plain"])[1])
     return 0
 

@@ -3,9 +3,13 @@
 import json
 import xml.etree.ElementTree as ET
 
+import pytest
+from helpers import PROMPT, plain_greedy
 from test_cli import assert_one_line_error, run_cli
 
+import mlx_spec
 from mlx_spec.bench import Run, summarise
+from mlx_spec.engine import RoundCosts
 
 
 def test_bench_runs_and_reports(tiny, tmp_path):
@@ -20,7 +24,13 @@ def test_bench_runs_and_reports(tiny, tmp_path):
     for entry in report["categories"].values():
         assert entry["results"]["plain"]["speedup"] == 1.0 and entry["verdict"]
         assert all(r["tps"] > 0 for r in entry["results"].values())
-    assert "overall" in proc.stdout and "verdict" in proc.stdout
+        for name in ("mtp", "ngram"):
+            r = entry["results"][name]
+            assert r["bound"] > 0 and r["achieved"] == r["speedup"] / r["bound"]
+    assert set(report["round_costs"]) == {"mtp", "ngram"}
+    assert report["round_costs"]["mtp"]["plain_step_ms"] > 0
+    assert "overall" in proc.stdout and "verdict" in proc.stdout and "bound" in proc.stdout
+    assert "round costs, mtp: plain step" in proc.stdout
     svg = ET.parse(plot).getroot()
     assert len([e for e in svg.iter() if e.tag.endswith("rect")]) >= 8 * 3
 
@@ -52,3 +62,29 @@ def test_chart_legend_fits_the_canvas():
     labels = {e.text: float(e.get("x")) for e in svg.iter() if e.tag.endswith("text") and e.text in contenders}
     assert set(labels) == set(contenders)
     assert all(x + 7 * len(name) <= width for name, x in labels.items())  # ~7 px a character at 11 px
+
+
+@pytest.mark.parametrize("family, drafter", [("qwen3", "draft-model"), ("qwen3_5", "mtp"), ("gemma3", "ngram")])
+def test_profile_times_round_parts_and_leaves_the_engine_exact(tiny, family, drafter):
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), drafter=drafter)
+    costs = engine.profile(PROMPT, [1, 3], rounds=2)
+    assert 0 in costs.verify and set(costs.draft) == set(costs.verify) - {0}
+    if drafter != "ngram":  # n-gram drafts only what it finds, and is timed at that length
+        assert set(costs.verify) == {0, 1, 3}
+    assert all(s > 0 for s in [*costs.verify.values(), *costs.draft.values()])
+    # the profiled rounds were real rounds: the engine's caches still describe its context exactly
+    ids = engine.encode(PROMPT)
+    assert engine.generate(ids, max_tokens=40).tokens == plain_greedy(tiny[family], ids, 40)
+
+
+def test_bound_is_tokens_per_round_over_round_cost_in_plain_steps():
+    costs = RoundCosts(verify={0: 0.10, 2: 0.12, 4: 0.14}, draft={2: 0.02, 4: 0.04})
+    assert costs.relative(0) == 1.0
+    assert costs.relative(2) == pytest.approx(1.4)  # 2 c + v(2) = 2 * 0.1 + 1.2
+    assert costs.relative(3) == pytest.approx(1.6)  # halfway between k = 2 and k = 4
+    assert costs.bound(4, 3.6) == pytest.approx(3.6 / 1.8)
+    report = summarise([Run("code", "plain", 10.0, 0, 1), Run("code", "ngram", 15.0, 0.6, 2.8, draft_len=4)],
+                       ["plain", "ngram"], {"ngram": costs})
+    row = report["categories"]["code"]["results"]["ngram"]
+    assert row["bound"] == pytest.approx(2.8 / 1.8) and row["achieved"] == pytest.approx(1.5 / (2.8 / 1.8))
+    assert report["round_costs"]["ngram"]["verify_cost_v"][4] == pytest.approx(1.4)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from helpers import PROMPT, CorruptedOracleDrafter, plain_greedy
+from mlx_lm.models.cache import QuantizedKVCache
 
 import mlx_spec
 from mlx_spec.engine import Engine
@@ -44,8 +45,8 @@ def test_every_acceptance_length_rolls_back_exactly(tiny, family):
 @pytest.mark.parametrize("drafter", ["draft-model", "oracle"])
 def test_quantized_kv_cache(tiny, family, drafter):
     engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), kv_bits=8, kv_group_size=32)
-    assert type(engine.target.cache[0]).__name__ == "QuantizedKVCache"
-    assert type(engine.drafter.runner.cache[0]).__name__ == "QuantizedKVCache"
+    assert isinstance(engine.target.cache[0], QuantizedKVCache)
+    assert isinstance(engine.drafter.runner.cache[0], QuantizedKVCache)
     ids = engine.encode(PROMPT)
     reference = plain_greedy(tiny[family], ids, 100, 1.3, kv_bits=8)
     if drafter == "oracle":

@@ -1,8 +1,12 @@
-"""A separate, smaller model of the same vocabulary that drafts autoregressively with its own cache."""
+"""A separate, smaller model of the same vocabulary that drafts autoregressively with its own cache: a chain,
+or with `width` > 1 a token tree (after EAGLE-2's dynamic tree: at each depth `width` nodes, each expanded by its
+`width` most probable children; the draft's own greedy chain is always kept, the other nodes are the most
+probable by cumulative draft probability, so a tree holds every path the chain of the same depth would)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from ..sampling import SamplingParams
 from ..target import Step, Target
@@ -12,18 +16,24 @@ from . import Draft, draft_autoregressively
 class DraftModelDrafter:
     name = "draft-model"
 
-    def __init__(self, model, vocab_size: int, kv_bits: int | None = None, kv_group_size: int = 64):
+    def __init__(self, model, vocab_size: int, kv_bits: int | None = None, kv_group_size: int = 64,
+                 width: int = 1):
         self.runner = Target(model, kv_bits, kv_group_size)
         self.weights = model
         self.vocab_size = vocab_size  # the target's: padded vocabularies may differ by a few rows
+        self.width = width
+        self.shape = "chain" if width == 1 else f"tree of width {width}"  # what it proposes, and why not a tree
         self.context: list[int] = []  # the runner's cache holds context[:runner.offset]
+        self.tree: Draft | None = None  # the last tree proposed
+        self.fed: dict[int, int] = {}  # its nodes that the runner's cache holds -> their place after the context
 
     @property
     def caches(self) -> list:
         return self.runner.cache
 
-    def _logits(self, tokens) -> mx.array:
-        logits = self.runner.forward(tokens).logits[-1:]
+    def _logits(self, tokens, attend: np.ndarray | None = None, positions: list[int] | None = None) -> mx.array:
+        logits = self.runner.forward(tokens, attend, positions).logits
+        logits = logits if attend is not None else logits[-1:]
         width = logits.shape[-1]
         if width > self.vocab_size:
             return logits[:, : self.vocab_size]
@@ -33,16 +43,61 @@ class DraftModelDrafter:
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         self.runner.prefill(context[:-1], self.context)  # reuses the prefix it already holds
-        self.context, self.proposed_from = context, self.runner.offset
+        self.context, self.proposed_from, self.tree = context, self.runner.offset, None
 
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
-        self.proposed_from = len(context)
+        self.proposed_from, self.tree = len(context), None
         if k == 0:
             return Draft.empty()
         first_logits = self._logits(context[self.runner.offset:])
-        return draft_autoregressively(first_logits, self._logits, k, params, context, key)  # the last is not fed
+        if self.width == 1:
+            return draft_autoregressively(first_logits, self._logits, k, params, context, key)  # the last is not fed
+        self.tree = self._expand(first_logits, k, len(context))
+        return self.tree
+
+    def _expand(self, logits: mx.array, depth: int, position: int) -> Draft:
+        """A tree of `depth` levels of `width` nodes; `position`: that of the first level. Each level's nodes
+        are fed to the runner (seeing their ancestors only) to score the next."""
+        tokens, parents, scores = [], [], []
+        frontier = [-1]  # the nodes whose children come next (-1: the last token of the context)
+        chain = -1  # the node on the draft's greedy chain
+        self.fed = {}
+        for level in range(depth):
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            top = mx.argpartition(-logprobs, self.width - 1, axis=-1)[:, : self.width]
+            top_scores = mx.take_along_axis(logprobs, top, axis=-1).tolist()
+            candidates = [(parent, token, (scores[parent] if parent >= 0 else 0.0) + score)
+                          for parent, row, row_scores in zip(frontier, top.tolist(), top_scores)
+                          for token, score in zip(row, row_scores)]
+            ranked = sorted(candidates, key=lambda c: -c[2])
+            greedy = next(c for c in ranked if c[0] == chain)
+            chain, frontier = len(tokens), []
+            for parent, token, score in [greedy, *[c for c in ranked if c is not greedy][: self.width - 1]]:
+                frontier.append(len(tokens))
+                tokens.append(token)
+                parents.append(parent)
+                scores.append(score)
+            if level == depth - 1:
+                break
+            tree = Draft(mx.array(tokens, dtype=mx.int32), parents=parents)
+            for node in frontier:
+                self.fed[node] = len(self.fed)
+            attend = np.zeros((len(frontier), len(self.fed)), dtype=bool)
+            for i, node in enumerate(frontier):
+                attend[i, [self.fed[a] for a in tree.ancestors(node)]] = True
+            logits = self._logits(mx.array([tokens[n] for n in frontier], dtype=mx.int32), attend,
+                                  [position + level] * len(frontier))
+        return Draft(mx.array(tokens, dtype=mx.int32), parents=parents)
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
-        valid = min(self.runner.offset, self.proposed_from + accepted)
-        self.runner.rollback(self.runner.offset - valid)
-        self.context = context
+        if self.tree is None:
+            valid = min(self.runner.offset, self.proposed_from + accepted)
+            self.runner.rollback(self.runner.offset - valid)
+        else:  # keep the accepted path's nodes that the runner has seen
+            tokens, node, kept = self.tree.tokens.tolist(), -1, []
+            for token in context[len(context) - 1 - accepted:-1]:
+                node = next(c for c, p in enumerate(self.tree.parents) if p == node and tokens[c] == token)
+                if node in self.fed:
+                    kept.append(self.fed[node])
+            self.runner.keep(len(self.fed), kept)
+        self.context, self.tree = context, None  # a round without drafting calls no propose

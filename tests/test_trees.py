@@ -1,0 +1,187 @@
+"""Token trees: one target forward scores every branch (tree mask, per-node positions), the accepted path is
+compacted in the cache, and verification stays exact, greedy and sampled."""
+
+import random
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
+
+import mlx_spec
+from mlx_spec.draft import Draft
+from mlx_spec.engine import Engine
+from mlx_spec.sampling import SamplingParams, distributions
+from mlx_spec.target import Target
+from mlx_spec.verify import verify_tree
+
+MAX_TOKENS = 120
+
+
+class OracleTreeDrafter:
+    """A tree of `width` nodes per level around the known reference continuation: the right token at a random
+    sibling place (sometimes corrupted, so rounds end at every depth), wrong siblings with children of their own.
+    It drives the engine; it is not under test."""
+
+    name = "oracle-tree"
+
+    def __init__(self, reference: list[int], prompt_len: int, vocab: int, width: int = 3, seed: int = 0):
+        self.reference, self.prompt_len, self.vocab, self.width = reference, prompt_len, vocab, width
+        self.rng = random.Random(seed)
+
+    def begin(self, context, prompt_step):
+        pass
+
+    def propose(self, context, k, params, key):
+        done = len(context) - self.prompt_len
+        tokens, parents = [], []
+        on_path, level = -1, [-1]  # the node continuing the reference (None once corrupted), the last level
+        for token in self.reference[done:done + k]:
+            right_place = self.rng.randrange(self.width)
+            new = []
+            for place in range(self.width):
+                if place == right_place and on_path is not None:
+                    corrupted = self.rng.random() < 0.15
+                    parents.append(on_path)
+                    tokens.append((token + 1) % self.vocab if corrupted else token)
+                    on_path = None if corrupted else len(tokens) - 1
+                else:
+                    parents.append(self.rng.choice(level))
+                    tokens.append(self.rng.randrange(self.vocab))
+                new.append(len(tokens) - 1)
+            level = new
+        if not tokens:
+            return Draft.empty()
+        return Draft(mx.array(tokens, dtype=mx.int32), parents=parents)
+
+    def accept(self, context, accepted, step):
+        pass
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_tree_rounds_equal_plain_decoding(tiny, family, penalty):
+    plain = mlx_spec.load(str(tiny[family]), drafter="off")
+    ids = plain.encode(PROMPT)
+    reference = plain_greedy(tiny[family], ids, MAX_TOKENS + 8, penalty)
+    drafter = OracleTreeDrafter(reference, len(ids), len(plain.tokenizer.get_vocab()))
+    engine = Engine(Target(plain.target.model), plain.tokenizer, drafter, draft_len=4)
+    rounds, result = [], None
+    for event in engine.stream(ids, SamplingParams(repetition_penalty=penalty), MAX_TOKENS):
+        if isinstance(event, mlx_spec.Round):
+            rounds.append(event)
+        elif isinstance(event, mlx_spec.Done):
+            result = event
+    assert result.tokens == reference[:MAX_TOKENS]
+    assert {r.accepted for r in rounds} >= {0, 1, 2, 3, 4}  # every path length, rejections at every depth
+    assert sum(r.nodes for r in rounds) > sum(r.draft_len for r in rounds)  # branches were verified
+
+
+@pytest.mark.parametrize("family, draft", [("qwen3", "qwen3-draft"), ("llama", "llama-draft"), ("qwen3", "qwen3")])
+@pytest.mark.parametrize("width", [2, 3])
+def test_draft_model_tree_equals_plain_decoding(tiny, family, draft, width):
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[draft]), tree_width=width, draft_len=3)
+    assert engine.status().shape == f"tree of width {width}"
+    ids = engine.encode(PROMPT)
+    for params in (SamplingParams(), SamplingParams(repetition_penalty=1.3)):
+        result = engine.generate(ids, params, MAX_TOKENS)
+        assert result.tokens == plain_greedy(tiny[family], ids, MAX_TOKENS, params.repetition_penalty)
+        stats = result.stats
+        assert stats.nodes == width * stats.drafted
+        if draft == family and not params.has_penalties:
+            # the target drafting for itself: every first child is right, so the draft's cache, compacted to
+            # the accepted path each round (siblings interleaved before it), stayed exact
+            assert stats.accepted == stats.drafted
+        else:
+            assert stats.accepted < stats.drafted
+
+
+def test_quantized_kv_tree_equals_chain(tiny):
+    """With an 8-bit KV cache, trees keep exactly what chains keep: the same tokens as chain drafting."""
+    options = dict(draft_model=str(tiny["qwen3-draft"]), kv_bits=8, kv_group_size=32)
+    chain = mlx_spec.load(str(tiny["qwen3"]), **options)
+    tree = mlx_spec.load(str(tiny["qwen3"]), tree_width=3, **options)
+    ids = chain.encode(PROMPT)
+    assert tree.generate(ids, max_tokens=80).tokens == chain.generate(ids, max_tokens=80).tokens
+
+
+@pytest.mark.parametrize("kv_bits", [None, 8])
+def test_tree_forward_and_compaction_match_a_fresh_forward(tiny, kv_bits):
+    plain = mlx_spec.load(str(tiny["qwen3"]), drafter="off")
+    ids = plain.encode(PROMPT)
+    tree = Draft(mx.array([11, 12, 13, 14, 15, 16], dtype=mx.int32), parents=[-1, -1, 0, 0, 1, 3])
+    target = Target(plain.target.model, kv_bits, 32)
+    target.prefill(ids[:-1])
+    base = target.offset
+    step = target.forward(mx.array([ids[-1], *tree.tokens.tolist()]), tree.attention(),
+                          [base + d for d in [0, *tree.depths()]])
+    for node in range(6):  # each node scores what a chain over its ancestors scores
+        path = [ids[-1]] + [tree.tokens[a].item() for a in tree.ancestors(node)]
+        fresh = Target(plain.target.model, kv_bits, 32)
+        fresh.prefill(ids[:-1])
+        expected = fresh.forward(path).logits[-1]
+        assert mx.allclose(step.logits[node + 1], expected, atol=1e-4).item(), node
+    target.keep(7, [0, 1, 4, 6])  # the path 11 -> 14 -> 16 (nodes 0, 3, 5: inputs 1, 4, 6) after the last token
+    fresh = Target(plain.target.model, kv_bits, 32)
+    fresh.prefill(ids[:-1])
+    fresh.forward([ids[-1], 11, 14, 16])
+    assert target.offset == fresh.offset == base + 4
+    for mine, theirs in zip(target.cache, fresh.cache):
+        for x, y in zip(buffers(mine), buffers(theirs)):
+            assert mx.allclose(x[..., : target.offset, :], y[..., : fresh.offset, :], atol=1e-5).item()
+    after = target.forward([17]).logits[-1]  # and decoding goes on from the compacted cache as from a fresh one
+    assert mx.allclose(after, fresh.forward([17]).logits[-1], atol=1e-4).item()
+
+
+def buffers(cache) -> list:
+    """A KV cache's arrays (a quantized cache keeps data, scales and biases for keys and for values)."""
+    return [b for kv in (cache.keys, cache.values) for b in (kv if isinstance(kv, tuple) else (kv,))]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.8),
+                                    SamplingParams(temperature=1.3, top_k=4)])
+def test_tree_verification_samples_the_target_distribution(params):
+    """Siblings (a repeated token among them, one the target may rule out) tried in order: the first emitted
+    token follows p at the root, and the second, after the first child's token, follows p at that child."""
+    vocab, draws = 8, 6000
+    logits = mx.random.normal((7, vocab), key=mx.random.key(1)) * 1.5  # rows: [last, *nodes]
+    p = np.array(distributions(logits, params, []))
+    likely = [int(t) for t in np.argsort(-p[0])]  # root tokens, most probable first
+    # root children: likely[0], likely[1], likely[0] again, the least likely; node 0 has two children
+    tree = Draft(mx.array([likely[0], likely[1], likely[0], likely[-1], 3, 4], dtype=mx.int32),
+                 parents=[-1, -1, -1, -1, 0, 0])
+    first, second = np.zeros(vocab), np.zeros(vocab)
+    for seed in range(draws):
+        path, next_token = verify_tree(tree, logits, params, [], mx.random.key(seed))
+        emitted = [tree.tokens[n].item() for n in path] + [next_token]
+        first[emitted[0]] += 1
+        if path[:1] == [0]:
+            second[emitted[1]] += 1
+    assert_follows(first, p[0])
+    assert second.sum() > draws / 10 and 0 < first[likely[1]]
+    assert_follows(second, p[1])  # node 0's row: what the target says after its token
+
+
+def assert_follows(counts: np.ndarray, p: np.ndarray) -> None:
+    """Chi-square goodness of fit at a fixed, generous threshold (deterministic seeds: no flakiness)."""
+    n, support = counts.sum(), p > 0
+    assert counts[~support].sum() == 0, "a token the target rules out was emitted"
+    expected = n * p[support]
+    chi2 = (((counts[support] - expected) ** 2) / expected).sum()
+    assert chi2 < 3 * support.sum() + 10, (chi2, counts / n, p)
+
+
+def test_sliding_window_target_drafts_chains_and_says_why(tiny):
+    engine = mlx_spec.load(str(tiny["gemma3"]), draft_model=str(tiny["gemma3-draft"]), tree_width=3)
+    assert engine.status().shape.startswith("chain (no tree: gemma3 its sliding-window")
+    ids = engine.encode(PROMPT)
+    assert engine.generate(ids, max_tokens=60).tokens == plain_greedy(tiny["gemma3"], ids, 60)
+
+
+def test_tree_width_refusals(tiny):
+    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--drafter", "ngram", "--tree-width", "3",
+                   "--prompt", "hi")
+    assert_one_line_error(proc, "--tree-width needs a draft model")
+    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]),
+                   "--tree-width", "0", "--prompt", "hi")
+    assert_one_line_error(proc, "tree width must be from 1")
