@@ -25,6 +25,26 @@ class Draft:
     def empty(cls) -> "Draft":
         return cls(mx.zeros((0,), dtype=mx.int32))
 
+    @classmethod
+    def from_paths(cls, paths: list[list[int]]) -> "Draft":
+        """The tree (a trie) holding each of `paths`, shared prefixes merged, siblings in order of first
+        appearance; a chain when there is one path."""
+        paths = [path for path in paths if path]
+        if len(paths) <= 1:
+            return cls(mx.array(paths[0] if paths else [], dtype=mx.int32))
+        node_of: dict[tuple[int, ...], int] = {}
+        tokens, parents = [], []
+        for depth in range(max(len(path) for path in paths)):  # level by level: nodes in order of depth
+            for path in paths:
+                prefix = tuple(path[:depth + 1])
+                if len(prefix) == depth + 1 and prefix not in node_of:
+                    node_of[prefix] = len(tokens)
+                    tokens.append(prefix[-1])
+                    parents.append(node_of[prefix[:-1]] if depth else -1)
+        if parents == list(range(-1, len(parents) - 1)):
+            return cls(mx.array(tokens, dtype=mx.int32))  # the paths were prefixes of one another
+        return cls(mx.array(tokens, dtype=mx.int32), parents=parents)
+
     def depths(self) -> list[int]:
         """Depth of each node, the first draft position being depth 1."""
         depth: list[int] = []

@@ -23,8 +23,9 @@ def bundles_reference_blas() -> bool:
     spec = importlib.util.find_spec("mlx")
     if sys.platform != "linux" or spec is None or not spec.submodule_search_locations:
         return False
-    libs = Path(list(spec.submodule_search_locations)[0]).resolve().parent / "mlx_cpu.libs"
-    return any(libs.glob("libblas*.so*"))
+    # every location: a folder named mlx in the working directory makes `mlx` a namespace package spanning it
+    return any(any((Path(location).resolve().parent / "mlx_cpu.libs").glob("libblas*.so*"))
+               for location in spec.submodule_search_locations)
 
 
 def system_openblas() -> str | None:

@@ -12,18 +12,20 @@ import psutil
 from .drafters import ASSISTANT_MAX_DRAFT_LEN, DRAFTERS, default_drafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.gemma4_assistant import AssistantDrafter, shared_kv_sources
+from .drafters.medusa import MedusaDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.qwen_mtp import MTPDrafter
 from .engine import Engine
 from .errors import SpecError
 from .models import materialize
 from .models.gemma4_assistant import is_assistant, load_assistant
+from .models.medusa import is_medusa, load_medusa
 from .models.qwen3_5 import declared_mtp_layers, load_mtp, text_model
 from .target import Target
 
 REGISTRY = Path(__file__).with_name("models.toml")
-HUB_PATTERNS = ["*.json", "model*.safetensors", "mtp.safetensors", "tokenizer.model", "*.tiktoken", "*.txt",
-                "*.jinja"]
+HUB_PATTERNS = ["*.json", "model*.safetensors", "mtp.safetensors", "medusa_lm_head.safetensors", "tokenizer.model",
+                "*.tiktoken", "*.txt", "*.jinja"]
 VOCAB_PADDING_TOLERANCE = 128
 
 
@@ -190,14 +192,18 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
     if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
         raise SpecError(f"tree width must be from 1 (a chain) to {MAX_TREE_WIDTH}, got {tree_width!r}")
-    if tree_width > 1 and drafter not in ("draft-model", "off"):
-        raise SpecError(f"--tree-width needs a draft model (--draft-model): the {drafter} drafter proposes "
-                        "chains only")
+    if tree_width > 1 and drafter not in ("draft-model", "ngram", "off"):
+        raise SpecError(f"--tree-width needs a draft model (--draft-model) or --drafter ngram: the {drafter} "
+                        "drafter proposes chains only")
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
-    assistant = draft_path is not None and is_assistant(read_config(draft_path))
-    max_draft_len = target.entry.get("draft_len") or (ASSISTANT_MAX_DRAFT_LEN if assistant
-                                                      else DRAFTERS[drafter].max_draft_len)
-    wants_hidden = mtp_hidden if drafter == "mtp" else "post" if assistant else None
+    draft_config = read_config(draft_path) if draft_path else {}
+    assistant, medusa = is_assistant(draft_config), is_medusa(draft_config)
+    if tree_width > 1 and assistant:
+        raise SpecError("--tree-width needs a draft model: a Gemma 4 assistant proposes chains only")
+    max_draft_len = target.entry.get("draft_len") or (
+        ASSISTANT_MAX_DRAFT_LEN if assistant else draft_config["medusa_num_heads"] if medusa
+        else DRAFTERS[drafter].max_draft_len)
+    wants_hidden = mtp_hidden if drafter == "mtp" else "post" if assistant or medusa else None
     if kv_bits and (problem := kv_quantization_problem(target.config, kv_group_size)):
         raise SpecError(f"--kv-bits cannot be used with {target.path}: {problem}")
     runner = Target(target.model, kv_bits, kv_group_size, hidden=wants_hidden)
@@ -215,6 +221,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     elif assistant:
         check_memory(draft_path, None, what="draft model")
         chosen = load_assistant_drafter(draft_path, target, runner, kv_bits)
+    elif medusa:
+        chosen = load_medusa_drafter(draft_path, draft_config, target)
     elif drafter == "draft-model":
         check_memory(draft_path, None, what="draft model")
         draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
@@ -226,18 +234,17 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         chosen = DraftModelDrafter(draft, vocab_size(target.config), kv_bits, kv_group_size)
         if problem := chosen.runner.rollback_problem():
             raise SpecError(f"draft model {draft_path} cannot be used: {problem}")
-        if tree_width > 1:
-            problem = runner.tree_problem() or chosen.runner.tree_problem()
-            chosen.width = 1 if problem else tree_width
-            chosen.shape = (f"chain (no tree: {target.path.name if runner.tree_problem() else draft_path.name} "
-                            f"{problem})" if problem else f"tree of width {tree_width}")
 
-    if tree_width > 1 and assistant:
-        raise SpecError("--tree-width needs a draft model: a Gemma 4 assistant proposes chains only")
+    if tree_width > 1 and chosen is not None:
+        where, problem = target.path.name, runner.tree_problem()
+        if problem is None and isinstance(chosen, DraftModelDrafter):
+            where, problem = draft_path.name, chosen.runner.tree_problem()
+        chosen.width = 1 if problem else tree_width
+        chosen.shape = f"chain (no tree: {where} {problem})" if problem else f"tree of width {tree_width}"
 
     def sibling(name: str) -> Engine:
         return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden,
-                           tree_width if name in ("draft-model", "off") else 1)
+                           tree_width if name in ("draft-model", "ngram", "off") else 1)
     return Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
                   available_drafters(target, draft_model) + ["off"])
 
@@ -262,6 +269,19 @@ def assistant_mismatch(assistant_cfg: dict, target_cfg: dict) -> str | None:
         if own.get(key) != text.get(key):
             return f"its {key} is {own.get(key)}, the target's K/V have {text.get(key)}"
     return None
+
+
+def load_medusa_drafter(path: Path, config: dict, target: LoadedTarget) -> MedusaDrafter:
+    """Medusa heads checked against their target."""
+    heads = load_medusa(path, config)
+    vocab, hidden = heads.heads[0].out.weight.shape
+    text = target.config.get("text_config", target.config)
+    trained_for = config.get("base_model_name_or_path", "another model")
+    if hidden != text["hidden_size"] or vocab != vocab_size(target.config):
+        raise SpecError(f"the Medusa heads {path} (hidden size {hidden}, vocabulary {vocab}) were trained for "
+                        f"{trained_for}, not {target.path} (hidden size {text['hidden_size']}, vocabulary "
+                        f"{vocab_size(target.config)}): use heads trained for this target")
+    return MedusaDrafter(heads)
 
 
 def load_assistant_drafter(path: Path, target: LoadedTarget, runner: Target, kv_bits: int | None):
@@ -290,8 +310,9 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     `drafters.DEFAULT_ORDER` that this target has.
     mtp_hidden: the target hidden state fed to the MTP layer, after ("post", as the reference implementations)
     or before ("pre") the final norm.
-    tree_width: > 1 makes the draft model propose token trees of that many nodes per level (verified in one
-    forward); targets or drafts whose caches cannot hold a tree draft chains, and `status().shape` says why.
+    tree_width: > 1 makes the draft model (or n-gram) propose token trees of that many nodes per level
+    (verified in one forward); targets or drafts whose caches cannot hold a tree draft chains, and
+    `status().shape` says why.
     """
     planned_draft = draft_model if drafter in (None, "draft-model") else None
     if planned_draft is None and drafter in (None, "draft-model"):

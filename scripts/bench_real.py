@@ -5,9 +5,11 @@ scripts/real_models.py), every contender interleaved in one process, greedy, eac
 
 After one untimed pass of every contender, in rounds: mlx-lm's plain `generate_step` (the baseline); mlx-spec with
 drafting off; at each k, mlx-lm's `speculative_generate_step` and mlx-spec's draft model pinned at k; the draft
-model and n-gram under the adaptive policy; the draft model drafting token trees of each width, adaptive. Prints the median and spread (max - min over median, the worst
-prompt's) of decode tok/s per contender, the ratio to the baseline, acceptance, whether every greedy output equals
-plain decoding, mlx-spec over mlx-lm at each k, and whether the machine was quiet enough to trust the figures.
+model and n-gram under the adaptive policy; the draft model drafting token trees of each width, adaptive.
+Prints the median and spread (max - min over median, the worst prompt's) of decode tok/s per contender (every
+contender timed alike, from its first token to its last), the ratio to the baseline, acceptance, whether every
+greedy output equals plain decoding, mlx-spec over mlx-lm at each k, and whether the machine was quiet enough
+to trust the figures.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import Neighbours, spread  # noqa: E402
 from mlx_spec.drafters.draft_model import DraftModelDrafter  # noqa: E402
-from mlx_spec.engine import Engine  # noqa: E402
+from mlx_spec.engine import Done, Engine, Token  # noqa: E402
 from mlx_spec.sampling import SamplingParams  # noqa: E402
 from mlx_spec.target import Target  # noqa: E402
 
@@ -41,13 +43,24 @@ PROMPTS = [
 ]
 
 
-def mlx_lm_rate(steps) -> tuple[list[int], float]:
-    """Tokens and decode tok/s of an mlx-lm generator (from its first token on, as mlx-spec's decode rate)."""
+def rate(tokens_as_they_come) -> tuple[list[int], float]:
+    """Tokens and decode tok/s, counted alike for every contender: the tokens after the first over the time
+    from the first to the last. (mlx-lm's speculative generator yields its first round's tokens at once, so a
+    clock started at its first token counts them free; mlx-spec's own `decode_tps` counts that round too.)"""
     tokens, start = [], None
-    for out in steps:
-        tokens.append(int(out[0]))
+    for token in tokens_as_they_come:
+        tokens.append(token)
         start = start or time.perf_counter()
     return tokens, (len(tokens) - 1) / (time.perf_counter() - start)
+
+
+def mlx_spec_tokens(events, acceptance: list):
+    """The token ids of an mlx-spec stream; its acceptance rate goes to `acceptance`."""
+    for event in events:
+        if isinstance(event, Token):
+            yield event.id
+        elif isinstance(event, Done):
+            acceptance.append(event.stats.acceptance_rate)
 
 
 def main() -> int:
@@ -86,17 +99,17 @@ def main() -> int:
     with Neighbours() as neighbours:
         for p, prompt in enumerate(PROMPTS):
             ids = mlx_spec.render_prompt(draft_engine.tokenizer, prompt)
-            contenders = {"mlx-lm plain": lambda: mlx_lm_rate(generate_step(mx.array(ids), model, max_tokens=n,
-                                                                             sampler=sampler))}
+            contenders = {"mlx-lm plain": lambda: rate(int(out[0]) for out in generate_step(
+                mx.array(ids), model, max_tokens=n, sampler=sampler))}
             for k in ks:
-                contenders[f"mlx-lm speculative k={k}"] = lambda k=k: mlx_lm_rate(speculative_generate_step(
-                    mx.array(ids), model, draft_model, num_draft_tokens=k, max_tokens=n, sampler=sampler))
+                contenders[f"mlx-lm speculative k={k}"] = lambda k=k: rate(int(out[0]) for out in (
+                    speculative_generate_step(mx.array(ids), model, draft_model, num_draft_tokens=k, max_tokens=n,
+                                              sampler=sampler)))
             for name, (engine, k) in engines.items():
                 def run(name=name, engine=engine, k=k):
                     engine.pin(k)  # a fresh policy for each generation, as each command gets
-                    result = engine.generate(ids, params, n, seed=0)
-                    acceptance.setdefault(name, []).append(result.stats.acceptance_rate)
-                    return result.tokens, result.stats.decode_tps
+                    return rate(mlx_spec_tokens(engine.stream(ids, params, n, seed=0),
+                                                acceptance.setdefault(name, [])))
                 contenders[name] = run
             if p == 0:  # one untimed pass: compilation, first touches of the weights
                 for run in contenders.values():

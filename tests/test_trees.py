@@ -96,6 +96,25 @@ def test_draft_model_tree_equals_plain_decoding(tiny, family, draft, width):
             assert stats.accepted < stats.drafted
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_ngram_tree_equals_plain_decoding(tiny, family):
+    """Several earlier continuations of the current suffix, merged into a tree."""
+    engine = mlx_spec.load(str(tiny[family]), drafter="ngram", tree_width=3, draft_len=4)
+    ids = engine.encode(PROMPT + "".join(f"value = {i}\n" for i in range(6)) + "value = ")  # "value = " went on
+    result = engine.generate(ids, max_tokens=MAX_TOKENS)                                # six ways before
+    assert result.tokens == plain_greedy(tiny[family], ids, MAX_TOKENS)
+    assert result.stats.nodes > result.stats.drafted  # some rounds verified several continuations
+
+
+def test_paths_merge_into_a_trie_in_depth_order():
+    tree = Draft.from_paths([[5, 6, 7], [5, 8], [9, 6, 7], [5, 6, 7]])
+    assert tree.tokens.tolist() == [5, 9, 6, 8, 6, 7, 7]
+    assert tree.parents == [-1, -1, 0, 0, 1, 2, 4]
+    assert tree.depths() == [1, 1, 2, 2, 2, 3, 3]
+    assert Draft.from_paths([[1, 2, 3], [1, 2]]).parents is None  # one path: a chain
+    assert Draft.from_paths([[]]).tokens.size == 0
+
+
 def test_quantized_kv_tree_equals_chain(tiny):
     """With an 8-bit KV cache, trees keep exactly what chains keep: the same tokens as chain drafting."""
     options = dict(draft_model=str(tiny["qwen3-draft"]), kv_bits=8, kv_group_size=32)
@@ -179,9 +198,9 @@ def test_sliding_window_target_drafts_chains_and_says_why(tiny):
 
 
 def test_tree_width_refusals(tiny):
-    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--drafter", "ngram", "--tree-width", "3",
+    proc = run_cli("generate", "--model", str(tiny["qwen3_5"]), "--drafter", "mtp", "--tree-width", "3",
                    "--prompt", "hi")
-    assert_one_line_error(proc, "--tree-width needs a draft model")
+    assert_one_line_error(proc, "--tree-width needs a draft model", "the mtp drafter proposes chains only")
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]),
                    "--tree-width", "0", "--prompt", "hi")
     assert_one_line_error(proc, "tree width must be from 1")

@@ -2,6 +2,7 @@
 classification the panel shows."""
 
 import asyncio
+import re
 
 import pytest
 
@@ -266,3 +267,17 @@ def test_psi_parsing():
         "some": {"avg10": 5.5, "avg60": 0.0, "avg300": 0.51, "total": 48120712.0},
         "full": {"avg10": 0.0, "avg60": 1.25, "avg300": 0.0, "total": 1303418.0}}
     assert "PSI 10 s: some 5.5%, full 0.0%" in classify_pressure(0.98, psi(some10=5.5))[1]
+
+
+def test_the_panel_counts_tree_nodes(tiny, tmp_path):
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3"]), tree_width=2, draft_len=3)
+    engine.tokenizer.eos_token_ids = []
+
+    async def run():
+        app = ChatApp(engine, SamplingParams(), 24, "tiny", transcript_dir=str(tmp_path))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ask(app, pilot, "hello")
+            await wait_done(app, pilot)
+            nodes = re.search(r"tree: ([\d.]+) nodes verified/round", panel(app, "acceptance"))
+            assert nodes and float(nodes.group(1)) > 3  # more than the depth-3 chain: two per level
+    asyncio.run(run())

@@ -22,7 +22,8 @@ class DrafterKind:
 
 DRAFTERS = {kind.name: kind for kind in [
     DrafterKind("mtp", "the checkpoint's own multi-token prediction layer (Qwen 3.5 / 3.6, Qwen3-Next)", 3),
-    DrafterKind("draft-model", "a smaller model of the same vocabulary, or a Gemma 4 assistant (--draft-model)", 6),
+    DrafterKind("draft-model", "a smaller model of the same vocabulary, a Gemma 4 assistant or Medusa heads "
+                               "(--draft-model)", 6),
     DrafterKind("ngram", "prompt lookup: continue as the prompt or output continued before; no extra memory", 6),
     DrafterKind("off", "plain decoding", 0),
 ]}

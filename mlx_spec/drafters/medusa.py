@@ -1,0 +1,48 @@
+"""Drafting with Medusa heads: every head scores one future position from the target's last verified hidden
+state, so a round's drafts cost one small matmul per head and no sequential steps.
+
+Head i over the hidden state of the position whose target logits gave the context's last token proposes the
+draft at position i + 1. A chain takes each head's top token; with `width` > 1 a tree adds, at every depth,
+the `width` - 1 next-best tokens of that head as siblings of the chain's node (Medusa's candidate trees are
+built from the heads' top-k the same way). Drafts are deterministic (one-hot q), which keeps verification
+exact at every temperature.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..models.medusa import MedusaHeads
+from ..sampling import SamplingParams
+from ..target import Step
+from . import Draft
+
+
+class MedusaDrafter:
+    name = "medusa"
+
+    def __init__(self, heads: MedusaHeads):
+        """The target must be run with `Target(..., hidden="post")`."""
+        self.heads = self.weights = heads
+        self.caches: list = []
+        self.width, self.shape = 1, "chain"
+        self.hidden: mx.array | None = None
+
+    def begin(self, context: list[int], prompt_step: Step) -> None:
+        hidden = prompt_step.hidden
+        self.hidden = hidden[-1:] if hidden is not None and hidden.shape[0] else None
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
+        k = min(k, len(self.heads.heads))
+        if self.hidden is None or k == 0:
+            return Draft.empty()
+        logits = self.heads(self.hidden, k)
+        if self.width == 1:
+            return Draft(mx.argmax(logits, axis=-1).astype(mx.int32))
+        top = mx.argsort(-logits, axis=-1)[:, : self.width].tolist()
+        chain = [row[0] for row in top]
+        paths = [chain] + [chain[:depth] + [top[depth][j]] for depth in range(k) for j in range(1, self.width)]
+        return Draft.from_paths(paths)
+
+    def accept(self, context: list[int], accepted: int, step: Step) -> None:
+        self.hidden = step.hidden[-1:]
