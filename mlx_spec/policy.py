@@ -49,13 +49,16 @@ class AdaptiveDraftLength:
         if self.plain_time is None or self.rounds % (4 * self.probe_every) == 0:
             k = 0  # measure (and now and then re-measure) the cost of a plain step
         elif self.slope is None:
-            k = self.max_len  # measure the cost of drafting
+            k = 1  # measure the cost of drafting with the cheapest draft: where drafting cannot pay, exploring
+            # at the longest length cost ~13% of a short generation (two rounds, the first a warm-up)
         else:
             rates = [self.expected_tokens(k) / (self.plain_time + self.slope * k) for k in range(self.max_len + 1)]
             k = max(range(self.max_len + 1), key=rates.__getitem__)
             break_even = self.slope / self.plain_time
-            if k == 0 and self.rounds % self.probe_every == 0:
-                k = 1  # a cheap probe: has the text become predictable?
+            # a cheap probe: has the text become predictable? The rarer, the closer break-even is to "always
+            # right" (up to 8x rarer): a probe costs a round, and the cost of drafting does not change with the text
+            if k == 0 and self.rounds % round(self.probe_every / max(1 - break_even, 1 / 8)) == 0:
+                k = 1
             if k:
                 self.note = f"draft length {k}: expected {self.expected_tokens(k):.2f} tokens/round"
             elif break_even > 1:

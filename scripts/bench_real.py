@@ -126,9 +126,9 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for name, values in speeds.items():
         same = all(outputs[(name, p)] == outputs[("mlx-lm plain", p)] for p in range(len(PROMPTS)))
-        rate = f"{statistics.mean(acceptance[name]):.2f}" if acceptance.get(name) and "off" not in name else "-"
+        accepted = f"{statistics.mean(acceptance[name]):.2f}" if acceptance.get(name) and "off" not in name else "-"
         print(f"| {name} | {statistics.median(values):.2f} | {worst_spread[name]:.0%} | "
-              f"{statistics.median(values) / baseline:.2f}x | {rate} | {same if greedy else 'n/a (sampled)'} |")
+              f"{statistics.median(values) / baseline:.2f}x | {accepted} | {same if greedy else 'n/a (sampled)'} |")
     ratios = [statistics.median(speeds[f"mlx-spec draft k={k}"])
               / statistics.median(speeds[f"mlx-lm speculative k={k}"]) for k in ks]
     print("mlx-spec draft pinned / mlx-lm speculative: " + ", ".join(f"k={k} {r:.2f}x" for k, r in zip(ks, ratios)))
