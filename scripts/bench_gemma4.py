@@ -13,6 +13,8 @@ trained Gemma: read the ratios, not the absolute rates.
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +39,7 @@ def main():
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="mlx-spec-bench-"))
+    atexit.register(shutil.rmtree, root, True)  # benchmark-sized weights: gigabytes
     tok = tiny.build_tokenizer(root / "tokenizer")
     heads = args.hidden // 128
     target = tiny.build_gemma4_target(root / "gemma4", tok, sliding_window=64, hidden=args.hidden,

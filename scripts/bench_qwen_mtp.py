@@ -16,6 +16,8 @@ forward costs k single-token ones on Linux):
 from __future__ import annotations
 
 import argparse
+import atexit
+import shutil
 import statistics
 import sys
 import tempfile
@@ -57,6 +59,7 @@ def main():
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="mlx-spec-bench-"))
+    atexit.register(shutil.rmtree, root, True)  # benchmark-sized weights: gigabytes
     tok = tiny.build_tokenizer(root / "tokenizer")
     heads = args.hidden // 128
     path = tiny.build_checkpoint(root / "qwen3_5", "qwen3_5", tok, hidden=args.hidden, layers=args.layers, overrides={

@@ -635,9 +635,12 @@ def build_layer_skip_draft(out_dir: str | Path, target_dir: str | Path, keep_lay
 
 def build_bench_pair(hidden: int, layers: int, draft_layers: int = 2) -> tuple[Path, Path]:
     """A benchmark-sized qwen3 target and its layer-skip draft, in a fresh temporary folder."""
+    import atexit
+    import shutil
     import tempfile
 
     root = Path(tempfile.mkdtemp(prefix="mlx-spec-bench-"))
+    atexit.register(shutil.rmtree, root, True)  # benchmark-sized weights: gigabytes
     target = build_checkpoint(root / "target", "qwen3", build_tokenizer(root / "tokenizer"), hidden=hidden,
                               layers=layers)
     return target, build_layer_skip_draft(root / "draft", target, keep_layers=draft_layers)
