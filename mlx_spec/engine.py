@@ -15,7 +15,7 @@ from typing import Iterator
 import mlx.core as mx
 
 from .draft import Draft
-from .drafters import Drafter
+from .drafters import Drafter, shape
 from .errors import SpecError
 from .policy import AdaptiveDraftLength, FixedDraftLength
 from .prompts import render_prompt
@@ -174,7 +174,7 @@ class Engine:
         policy = self.next_policy
         return EngineStatus(self.drafter.name if self.drafter else "off", policy.note,
                             getattr(policy, "pinned", None), self.max_draft_len, self.drafters,
-                            getattr(self.drafter, "shape", "chain"))
+                            shape(self.drafter))
 
     def with_drafter(self, drafter: str) -> "Engine":
         """Another engine on the same target weights (loaded once), drafting with `drafter` ("off": none)."""
@@ -281,11 +281,10 @@ class Engine:
             new_tokens = draft.tokens[:accepted].tolist() + [next_token.item()]
             verdict = Round(draft_len, accepted, draft_len)
         else:
-            path, next_token = verify_tree(draft, step.logits, params, context, verify_key)
-            kept, tokens = [0, *(node + 1 for node in path)], draft.tokens.tolist()
+            path, new_tokens = verify_tree(draft, step.logits, params, context, verify_key)
+            kept = [0, *(node + 1 for node in path)]
             self.target.keep(draft_len + 1, kept)
             step = step.rows(kept)
-            new_tokens = [tokens[node] for node in path] + [next_token]
             verdict = Round(max(draft.depths()), len(path), draft_len)
         if self.drafter:
             self.drafter.accept(context + new_tokens, verdict.accepted, step.first(verdict.accepted + 1))

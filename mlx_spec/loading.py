@@ -239,8 +239,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         where, problem = target.path.name, runner.tree_problem()
         if problem is None and isinstance(chosen, DraftModelDrafter):
             where, problem = draft_path.name, chosen.runner.tree_problem()
-        chosen.width = 1 if problem else tree_width
-        chosen.shape = f"chain (no tree: {where} {problem})" if problem else f"tree of width {tree_width}"
+        chosen.width, chosen.no_tree = (1, f"{where} {problem}") if problem else (tree_width, None)
 
     def sibling(name: str) -> Engine:
         return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden,

@@ -73,8 +73,13 @@ def penalty_counts(history: list[int], drafts: mx.array | None, positions: int, 
         past = mx.array(history[-n_hist:] if n_hist else [], dtype=mx.int32)
         if j and drafts is not None:
             past = mx.concatenate([past, drafts[max(0, j - window):j].astype(mx.int32)])
-        rows.append(mx.zeros((vocab,), mx.float32).at[past].add(1.0) if past.size else mx.zeros((vocab,)))
+        rows.append(token_counts(past, vocab))
     return mx.stack(rows)
+
+
+def token_counts(past: mx.array, vocab: int) -> mx.array:
+    """(vocab,) float32: how often each token occurs in `past`."""
+    return mx.zeros((vocab,), mx.float32).at[past].add(1.0) if past.size else mx.zeros((vocab,))
 
 
 def apply_penalties(logits: mx.array, counts: mx.array, params: SamplingParams) -> mx.array:
@@ -115,7 +120,7 @@ def tree_penalized(logits: mx.array, params: SamplingParams, history: list[int],
     rows = []
     for prefix in prefixes:
         past = mx.array((history[-window:] + prefix)[-window:], dtype=mx.int32)
-        rows.append(mx.zeros((vocab,), mx.float32).at[past].add(1.0) if past.size else mx.zeros((vocab,)))
+        rows.append(token_counts(past, vocab))
     return apply_penalties(logits, mx.stack(rows), params)
 
 

@@ -53,9 +53,9 @@ def verify(draft_tokens: mx.array, q: mx.array | None, p: mx.array, key: mx.arra
 
 
 def verify_tree(draft: Draft, logits: mx.array, params: SamplingParams, history: list[int],
-                key: mx.array) -> tuple[list[int], int]:
+                key: mx.array) -> tuple[list[int], list[int]]:
     """The target's verdict on a token tree from its logits over [last, *nodes]: (the accepted path as node
-    indices, the next token). At each node of the path, with p' = the target's distribution there, each child x
+    indices, the tokens to emit: the path's and the next one). At each node of the path, with p' = the target's distribution there, each child x
     in turn is accepted with probability p'(x), else removed from p' (zeroed, renormalised); when none is
     accepted, the next token is drawn from p'. The emitted tokens follow the target's distribution exactly;
     greedy parameters make it "follow the child equal to the argmax"."""
@@ -71,7 +71,7 @@ def verify_tree(draft: Draft, logits: mx.array, params: SamplingParams, history:
         while True:
             child = next((c for c in children.get(node, []) if tokens[c] == choice[node + 1]), None)
             if child is None:
-                return path, choice[node + 1]
+                return path, [tokens[n] for n in path] + [choice[node + 1]]
             path.append(node := child)
     p = np.array(probabilities(logits, params), dtype=np.float64)
     rng = np.random.default_rng(mx.random.randint(0, 2**31 - 1, (2,), key=key).tolist())
@@ -85,4 +85,4 @@ def verify_tree(draft: Draft, logits: mx.array, params: SamplingParams, history:
             residual[x] = 0.0
             residual /= residual.sum()
         else:
-            return path, int(rng.choice(len(residual), p=residual))
+            return path, [tokens[n] for n in path] + [int(rng.choice(len(residual), p=residual))]

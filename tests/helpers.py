@@ -11,8 +11,8 @@ from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.utils import load
 
 from mlx_spec.drafters import Draft
+from tiny import PROMPT  # noqa: F401  the tests' prompt (the Medusa test heads are trained on it)
 
-PROMPT = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"
 
 
 def plain_greedy(path, prompt_ids, max_tokens, repetition_penalty=1.0, kv_bits=None):

@@ -412,6 +412,20 @@ def build_gemma4_assistant(out_dir: str | Path, target_dir: str | Path, ordered:
     return write_checkpoint(Path(out_dir), cfg, weights, target_dir)
 
 
+def fit(model, loss, steps: int, learning_rate: float) -> None:
+    """`steps` full-batch Adam steps on `loss(model)`."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    optimizer = optim.Adam(learning_rate=learning_rate)
+    loss_and_grad = nn.value_and_grad(model, loss)
+    for _ in range(steps):
+        _, grads = loss_and_grad(model)
+        optimizer.update(model, grads)
+        mx.eval(model.parameters(), optimizer.state)
+
+
 def distill_gemma4_assistant(out_dir: str | Path, assistant_dir: str | Path, target_dir: str | Path,
                              steps: int = 150, seed: int = 0) -> Path:
     """A copy of a dense-head assistant trained (first draft step only) to predict its target's greedy choice
@@ -420,7 +434,6 @@ def distill_gemma4_assistant(out_dir: str | Path, assistant_dir: str | Path, tar
     for sliding layers) with its query at position r + 1."""
     import mlx.core as mx
     import mlx.nn as nn
-    import mlx.optimizers as optim
     from mlx.utils import tree_flatten
     from mlx_lm.models.cache import KVCache
     from mlx_lm.utils import load_model
@@ -448,12 +461,7 @@ def distill_gemma4_assistant(out_dir: str | Path, assistant_dir: str | Path, tar
         logits, _ = model(inputs, hidden[:, :-1], shared_kv, 1, masks)
         return nn.losses.cross_entropy(logits, labels).mean()
 
-    optimizer = optim.Adam(learning_rate=3e-3)
-    loss_and_grad = nn.value_and_grad(assistant, loss)
-    for _ in range(steps):
-        _, grads = loss_and_grad(assistant)
-        optimizer.update(assistant, grads)
-        mx.eval(assistant.parameters(), optimizer.state)
+    fit(assistant, loss, steps, 3e-3)
     out_dir, assistant_dir = Path(out_dir), Path(assistant_dir)
     weights = {k: np.array(v) for k, v in tree_flatten(assistant.parameters())}
     return write_checkpoint(out_dir, json.loads((assistant_dir / "config.json").read_text()), weights,
@@ -531,7 +539,6 @@ def build_medusa(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
     prompts would almost never be right.)"""
     import mlx.core as mx
     import mlx.nn as nn
-    import mlx.optimizers as optim
     from mlx.utils import tree_flatten
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load_model, load_tokenizer
@@ -565,12 +572,7 @@ def build_medusa(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
     def loss(model):
         return sum(nn.losses.cross_entropy(head(states), labels[i]).mean() for i, head in enumerate(model.heads))
 
-    optimizer = optim.Adam(learning_rate=1e-2)
-    loss_and_grad = nn.value_and_grad(model, loss)
-    for _ in range(steps):
-        _, grads = loss_and_grad(model)
-        optimizer.update(model, grads)
-        mx.eval(model.parameters(), optimizer.state)
+    fit(model, loss, steps, 1e-2)
     weights = {}
     for name, value in tree_flatten(model.parameters()):
         _, head, part, *rest = name.split(".")  # heads.{i}.out.weight / heads.{i}.blocks.{j}.linear.{w}
@@ -646,8 +648,8 @@ def build_bench_pair(hidden: int, layers: int, draft_layers: int = 2) -> tuple[P
     return target, build_layer_skip_draft(root / "draft", target, keep_layers=draft_layers)
 
 
-MEDUSA_TEXTS = ["import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n        print(name)\n",  # the tests'
-                "def main():", "class Stack(object):"]
+PROMPT = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"  # the tests'
+MEDUSA_TEXTS = [PROMPT, "def main():", "class Stack(object):"]
 
 
 def build_suite(root: str | Path) -> dict[str, Path]:

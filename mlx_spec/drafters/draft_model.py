@@ -22,7 +22,6 @@ class DraftModelDrafter:
         self.weights = model
         self.vocab_size = vocab_size  # the target's: padded vocabularies may differ by a few rows
         self.width = width
-        self.shape = "chain" if width == 1 else f"tree of width {width}"  # what it proposes, and why not a tree
         self.context: list[int] = []  # the runner's cache holds context[:runner.offset]
         self.tree: Draft | None = None  # the last tree proposed
         self.fed: dict[int, int] = {}  # its nodes that the runner's cache holds -> their place after the context
@@ -58,7 +57,7 @@ class DraftModelDrafter:
     def _expand(self, logits: mx.array, depth: int, position: int) -> Draft:
         """A tree of `depth` levels of `width` nodes; `position`: that of the first level. Each level's nodes
         are fed to the runner (seeing their ancestors only) to score the next."""
-        tokens, parents, scores = [], [], []
+        tokens, parents, scores, lineage = [], [], [], {-1: []}  # lineage: a node's ancestors and itself
         frontier = [-1]  # the nodes whose children come next (-1: the last token of the context)
         chain = -1  # the node on the draft's greedy chain
         self.fed = {}
@@ -74,17 +73,17 @@ class DraftModelDrafter:
             chain, frontier = len(tokens), []
             for parent, token, score in [greedy, *[c for c in ranked if c is not greedy][: self.width - 1]]:
                 frontier.append(len(tokens))
+                lineage[len(tokens)] = lineage[parent] + [len(tokens)]
                 tokens.append(token)
                 parents.append(parent)
                 scores.append(score)
             if level == depth - 1:
                 break
-            tree = Draft(mx.array(tokens, dtype=mx.int32), parents=parents)
             for node in frontier:
                 self.fed[node] = len(self.fed)
             attend = np.zeros((len(frontier), len(self.fed)), dtype=bool)
             for i, node in enumerate(frontier):
-                attend[i, [self.fed[a] for a in tree.ancestors(node)]] = True
+                attend[i, [self.fed[a] for a in lineage[node]]] = True
             logits = self._logits(mx.array([tokens[n] for n in frontier], dtype=mx.int32), attend,
                                   [position + level] * len(frontier))
         return Draft(mx.array(tokens, dtype=mx.int32), parents=parents)

@@ -25,7 +25,7 @@ class MedusaDrafter:
         """The target must be run with `Target(..., hidden="post")`."""
         self.heads = self.weights = heads
         self.caches: list = []
-        self.width, self.shape = 1, "chain"
+        self.width = 1
         self.hidden: mx.array | None = None
 
     def begin(self, context: list[int], prompt_step: Step) -> None:

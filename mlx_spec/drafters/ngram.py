@@ -16,7 +16,6 @@ class NgramDrafter:
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2, width: int = 1):
         self.max_ngram, self.min_ngram, self.width = max_ngram, min_ngram, width
-        self.shape = "chain" if width == 1 else f"tree of width {width}"
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         self.latest: dict[tuple[int, ...], list[int]] = {}  # n-gram -> ends of its latest occurrences, newest first
