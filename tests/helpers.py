@@ -11,6 +11,7 @@ from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.utils import load
 
 from mlx_spec.drafters import Draft
+from mlx_spec.policy import AdaptiveDraftLength
 from tiny import PROMPT  # noqa: F401  the tests' prompt (the Medusa test heads are trained on it)
 
 
@@ -59,6 +60,39 @@ class CorruptedOracleDrafter:
         return Draft(mx.array(tokens, dtype=mx.int32)) if tokens else Draft.empty()
 
     def accept(self, context, accepted, step):
+        pass
+
+
+class ModelledCostPolicy(AdaptiveDraftLength):
+    """The adaptive policy fed a fixed cost model (a plain step 1, each draft `per_draft`) instead of the clock,
+    so that a test's draft lengths depend on acceptance alone, not on how busy the machine is."""
+
+    def __init__(self, max_len: int, per_draft: float = 0.1, **kwargs):
+        super().__init__(max_len, **kwargs)
+        self.per_draft = per_draft
+
+    def observe(self, draft_len, accepted, seconds):
+        super().observe(draft_len, accepted, 1.0 + self.per_draft * draft_len)
+
+
+class RandomDraftLengths:
+    """Seeded runs of one draft length each (0 included, up to 12 rounds long): every change of length,
+    drafting turned off for a while and back on, in a reproducible order."""
+
+    note = "random draft lengths (test)"
+
+    def __init__(self, max_len: int, seed: int):
+        import random
+
+        self.rng, self.max_len, self.run = random.Random(seed), max_len, []
+
+    def next_draft_len(self, remaining):
+        if not self.run:
+            length = self.rng.choice([0, *range(self.max_len + 1)])  # off twice as often as any one length
+            self.run = [length] * self.rng.randint(1, 12)
+        return max(0, min(self.run.pop(), remaining - 1))
+
+    def observe(self, draft_len, accepted, seconds):
         pass
 
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from helpers import PROMPT, CorruptedOracleDrafter, plain_greedy
+from helpers import PROMPT, CorruptedOracleDrafter, RandomDraftLengths, plain_greedy
 from mlx_lm.models.cache import QuantizedKVCache
 
 import mlx_spec
@@ -17,13 +17,31 @@ MAX_TOKENS = 160  # ten times the Gemma sliding window (16)
 @pytest.mark.parametrize("drafter", ["off", "ngram", "draft-model"])
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
 def test_greedy_equals_plain_decoding(tiny, family, drafter, penalty):
-    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), drafter=drafter)
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), drafter=drafter, draft_len=4)
     ids = engine.encode(PROMPT)
     result = mlx_spec.generate(engine, ids, max_tokens=MAX_TOKENS, repetition_penalty=penalty)
     assert result.tokens == plain_greedy(tiny[family], ids, MAX_TOKENS, penalty)
     assert result.stop_reason == "max_tokens"
     if drafter == "draft-model":
         assert 0 < result.stats.drafted and result.stats.accepted < result.stats.drafted  # rollback ran
+
+
+@pytest.mark.parametrize("family,draft,options", [
+    *[(family, f"{family}-draft", {}) for family in FAMILIES], ("qwen3", "qwen3-draft", {"tree_width": 2}),
+    ("qwen3_5", None, {"drafter": "mtp"}), ("gemma4", "gemma4-assistant", {})])
+def test_changing_draft_lengths_stay_exact(tiny, family, draft, options):
+    """The adaptive policy changes the draft length every few rounds and turns drafting off and on (its choices
+    follow the clock); seeded runs of every length, 0 included, must all decode exactly as plain decoding."""
+    engine = mlx_spec.load(str(tiny[family]), draft_model=draft and str(tiny[draft]), **options)
+    ids = engine.encode(PROMPT)
+    reference = plain_greedy(tiny[family], ids, MAX_TOKENS, 1.3)
+    lengths = set()
+    for seed in range(2):
+        engine.next_policy = RandomDraftLengths(engine.max_draft_len, seed)
+        events = list(mlx_spec.stream(engine, ids, max_tokens=MAX_TOKENS, repetition_penalty=1.3))
+        assert events[-1].tokens == reference
+        lengths |= {e.draft_len for e in events if isinstance(e, mlx_spec.Round)}
+    assert lengths == set(range(engine.max_draft_len + 1))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -44,7 +62,8 @@ def test_every_acceptance_length_rolls_back_exactly(tiny, family):
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 @pytest.mark.parametrize("drafter", ["draft-model", "oracle"])
 def test_quantized_kv_cache(tiny, family, drafter):
-    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), kv_bits=8, kv_group_size=32)
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), kv_bits=8, kv_group_size=32,
+                           draft_len=4)
     assert isinstance(engine.target.cache[0], QuantizedKVCache)
     assert isinstance(engine.drafter.runner.cache[0], QuantizedKVCache)
     ids = engine.encode(PROMPT)

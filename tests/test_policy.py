@@ -3,7 +3,7 @@
 import statistics
 
 import mlx.core as mx
-from helpers import PROMPT, CorruptedOracleDrafter, plain_greedy
+from helpers import PROMPT, CorruptedOracleDrafter, ModelledCostPolicy, plain_greedy
 
 import mlx_spec
 from mlx_spec.drafters import Draft
@@ -60,7 +60,7 @@ def test_engine_turns_drafting_off_and_on_again(tiny):
     reference = plain_greedy(tiny["qwen3"], ids, 300)
     drafter = SwitchingDrafter(reference, len(ids), len(plain.tokenizer.get_vocab()), bad_tokens=80)
     engine = Engine(Target(plain.target.model), plain.tokenizer, drafter, draft_len=None, max_draft_len=4)
-    engine.policy.probe_every = 8
+    engine.next_policy = ModelledCostPolicy(max_len=4, probe_every=8)
     rounds = [e for e in mlx_spec.stream(engine, ids, max_tokens=300) if isinstance(e, mlx_spec.Round)]
     assert [e.draft_len for e in rounds[50:80]].count(0) >= 20  # useless drafts: mostly plain decoding
     late = rounds[-20:]

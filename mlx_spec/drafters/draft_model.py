@@ -99,4 +99,5 @@ class DraftModelDrafter:
                 if node in self.fed:
                     kept.append(self.fed[node])
             self.runner.keep(len(self.fed), kept)
-        self.context, self.tree = context, None  # a round without drafting calls no propose
+        # a round without drafting calls no propose: the runner then holds a prefix of its context as it is
+        self.context, self.tree, self.proposed_from = context, None, self.runner.offset
