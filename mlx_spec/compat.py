@@ -8,6 +8,8 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
   `models/qwen3_5.py` reimplement;
 - swapping the class of a model's final norm and GDN layers (`swap_class`), found at `model.model.norm`;
 - the Gemma 4 `DecoderLayer` call `(x, mask, cache, per_layer_input, shared_kv=, offset=) -> (h, kv, offset)`;
+- Llama's `ModelArgs`, `Attention` (q/k/v projections applied to its input, whatever its width: EAGLE-3
+  widens them to 2 H) and `MLP`, which the EAGLE-3 head is built from;
 - for token trees: attention layers that rotate with `self.rope(x, offset=cache.offset)` through
   `mx.fast.rope` (which takes one offset per batch row), and masks that come from `cache.make_mask`.
 `check()` runs each of these on tiny layers the first time a model is wrapped, and fails with a message naming
@@ -23,9 +25,9 @@ import inspect
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma4_text, qwen3_5, qwen3_next
+from mlx_lm.models import gemma4_text, llama, qwen3_5, qwen3_next
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from .errors import SpecError
 
@@ -71,6 +73,43 @@ def final_norm(model):
         return getattr(model, "language_model", model).model.norm
     except AttributeError:
         raise broken(f"where {type(model).__module__} keeps its final norm (model.model.norm)") from None
+
+
+def decoder_layers(model) -> list:
+    """A language model's decoder layers, in order."""
+    try:
+        return getattr(model, "language_model", model).model.layers
+    except AttributeError:
+        raise broken(f"where {type(model).__module__} keeps its decoder layers (model.model.layers)") from None
+
+
+def input_embedding(model):
+    """A language model's token embedding."""
+    try:
+        return getattr(model, "language_model", model).model.embed_tokens
+    except AttributeError:
+        raise broken(f"where {type(model).__module__} keeps its embedding (model.model.embed_tokens)") from None
+
+
+def plain_kv_caches(n: int) -> list:
+    return [KVCache() for _ in range(n)]
+
+
+def llama_args(config: dict):
+    return llama.ModelArgs.from_dict({"model_type": "llama", **config})
+
+
+def llama_attention(args, input_dims: int):
+    """Llama attention whose q/k/v projections read `input_dims` features."""
+    attention = llama.Attention(args)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        out_dims = getattr(attention, name).weight.shape[0]
+        setattr(attention, name, nn.Linear(input_dims, out_dims, bias=args.attention_bias))
+    return attention
+
+
+def llama_mlp(args):
+    return llama.MLP(args)
 
 
 def gemma4_layer(layer, x: mx.array, mask, shared_kv: tuple, offset: int) -> mx.array:
@@ -144,6 +183,18 @@ def check() -> None:
         raise broken(f"the Gemma 4 DecoderLayer call signature (now {params})")
     if not hasattr(qwen3_next.Qwen3NextGatedDeltaNet, "fix_query_key_value_ordering"):
         raise broken("Qwen3-Next's GatedDeltaNet (no fix_query_key_value_ordering)")
+    check_llama_attention()
+
+
+def check_llama_attention() -> None:
+    args = llama_args(dict(hidden_size=8, num_hidden_layers=1, intermediate_size=16, num_attention_heads=2,
+                           rms_norm_eps=1e-6, vocab_size=4))
+    try:
+        out = llama_attention(args, input_dims=16)(mx.zeros((1, 3, 16)), None, KVCache())
+    except Exception as e:
+        raise broken(f"Llama's Attention ({type(e).__name__}: {e})") from None
+    if out.shape != (1, 3, 8):
+        raise broken(f"Llama's Attention (output {out.shape} for 3 positions of width 8)")
 
 
 def check_rotating_cache() -> None:

@@ -11,6 +11,7 @@ import psutil
 
 from .drafters import ASSISTANT_MAX_DRAFT_LEN, DRAFTERS, default_drafter
 from .drafters.draft_model import DraftModelDrafter
+from .drafters.eagle3 import Eagle3Drafter
 from .drafters.gemma4_assistant import AssistantDrafter, shared_kv_sources
 from .drafters.medusa import MedusaDrafter
 from .drafters.ngram import NgramDrafter
@@ -18,9 +19,10 @@ from .drafters.qwen_mtp import MTPDrafter
 from .engine import Engine
 from .errors import SpecError
 from .models import materialize
+from .models.eagle3 import feature_layers, is_eagle3, load_eagle3
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.medusa import is_medusa, load_medusa
-from .models.qwen3_5 import declared_mtp_layers, load_mtp, text_model
+from .models.qwen3_5 import declared_mtp_layers, lm_head, load_mtp, text_model
 from .target import Target
 
 REGISTRY = Path(__file__).with_name("models.toml")
@@ -197,13 +199,14 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                         "drafter proposes chains only")
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
     draft_config = read_config(draft_path) if draft_path else {}
-    assistant, medusa = is_assistant(draft_config), is_medusa(draft_config)
+    assistant, medusa, eagle3 = is_assistant(draft_config), is_medusa(draft_config), is_eagle3(draft_config)
     if tree_width > 1 and assistant:
         raise SpecError("--tree-width needs a draft model: a Gemma 4 assistant proposes chains only")
     max_draft_len = target.entry.get("draft_len") or (
         ASSISTANT_MAX_DRAFT_LEN if assistant else draft_config["medusa_num_heads"] if medusa
         else DRAFTERS[drafter].max_draft_len)
-    wants_hidden = mtp_hidden if drafter == "mtp" else "post" if assistant or medusa else None
+    wants_hidden = (mtp_hidden if drafter == "mtp" else "post" if assistant or medusa
+                    else eagle3_features(draft_path, draft_config, target) if eagle3 else None)
     if kv_bits and (problem := kv_quantization_problem(target.config, kv_group_size)):
         raise SpecError(f"--kv-bits cannot be used with {target.path}: {problem}")
     runner = Target(target.model, kv_bits, kv_group_size, hidden=wants_hidden)
@@ -217,12 +220,17 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         if text_model(target.model) is None:
             raise SpecError(f"MTP drafting supports Qwen3.5 / 3.6 and Qwen3-Next checkpoints; {target.path} is "
                             f"{target.config.get('model_type')!r}: use --drafter ngram or --draft-model")
-        chosen = MTPDrafter(load_mtp(target.path, target.config), target.model)
+        chosen = MTPDrafter(load_mtp(target.path, target.config), text_model(target.model).model.embed_tokens,
+                             lm_head(target.model))
     elif assistant:
         check_memory(draft_path, None, what="draft model")
         chosen = load_assistant_drafter(draft_path, target, runner, kv_bits)
     elif medusa:
         chosen = load_medusa_drafter(draft_path, draft_config, target)
+    elif eagle3:
+        text = target.config.get("text_config", target.config)
+        chosen = Eagle3Drafter(load_eagle3(draft_path, draft_config, text["hidden_size"], vocab_size(target.config)),
+                               target.model)
     elif drafter == "draft-model":
         check_memory(draft_path, None, what="draft model")
         draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
@@ -281,6 +289,20 @@ def load_medusa_drafter(path: Path, config: dict, target: LoadedTarget) -> Medus
                         f"{trained_for}, not {target.path} (hidden size {text['hidden_size']}, vocabulary "
                         f"{vocab_size(target.config)}): use heads trained for this target")
     return MedusaDrafter(heads)
+
+
+def eagle3_features(path: Path, config: dict, target: LoadedTarget) -> list[int]:
+    """The target layers an EAGLE-3 head reads, after checking that the head was trained for this target."""
+    text = target.config.get("text_config", target.config)
+    layers, hidden = text["num_hidden_layers"], text["hidden_size"]
+    trained_hidden, vocab = config.get("target_hidden_size", config.get("hidden_size")), config.get("vocab_size")
+    features = feature_layers(config, layers)
+    if trained_hidden != hidden or vocab != vocab_size(target.config) or max(features) >= layers:
+        raise SpecError(f"the EAGLE-3 head {path} (target hidden size {trained_hidden}, vocabulary {vocab}, "
+                        f"features of layers {features}) was not trained for {target.path} (hidden size {hidden}, "
+                        f"vocabulary {vocab_size(target.config)}, {layers} layers): use the head published for "
+                        "this target (see models.toml)")
+    return features
 
 
 def load_assistant_drafter(path: Path, target: LoadedTarget, runner: Target, kv_bits: int | None):

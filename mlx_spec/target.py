@@ -41,25 +41,42 @@ def _tapped_norm_call(self, x):
     return out
 
 
-def tap_final_norm(model):
-    """Make the model's final norm remember its input and output (the pre- and post-norm hidden states)."""
-    norm = compat.final_norm(model)
-    if not hasattr(type(norm), "tapped"):
-        compat.swap_class(norm, type(f"Tapped{type(norm).__name__}", (type(norm),),
-                                     {"__call__": _tapped_norm_call, "tapped": None}))
-    return norm
+def _tapped_layer_call(self, x, *args, **kwargs):
+    object.__setattr__(self, "tapped", x)
+    return type(self).__bases__[0].__call__(self, x, *args, **kwargs)
+
+
+def tap(module, call) -> None:
+    """Make `module` remember what `call` stores in its `tapped` attribute each time it runs."""
+    if not hasattr(type(module), "tapped"):
+        compat.swap_class(module, type(f"Tapped{type(module).__name__}", (type(module),),
+                                       {"__call__": call, "tapped": None}))
+
+
+def hidden_reader(model, hidden: str | list[int]):
+    """A function returning, after a forward, the hidden states a drafter reads (n, H'): "post" / "pre" the
+    final norm's output / input, or a list of layer indices: the inputs of those layers, concatenated."""
+    if isinstance(hidden, str):
+        norm = compat.final_norm(model)
+        tap(norm, _tapped_norm_call)
+        return lambda: norm.tapped[1 if hidden == "post" else 0][0]
+    layers = [compat.decoder_layers(model)[i] for i in hidden]
+    for layer in layers:
+        tap(layer, _tapped_layer_call)
+    return lambda: mx.concatenate([layer.tapped[0] for layer in layers], axis=-1)
 
 
 class Target:
     """`forward` appends positions to the cache; `rollback(n)` removes the last n, whatever the cache types."""
 
-    def __init__(self, model, kv_bits: int | None = None, kv_group_size: int = 64, hidden: str | None = None):
-        """hidden: "post" or "pre" to return the hidden state after / before the final norm with every Step."""
+    def __init__(self, model, kv_bits: int | None = None, kv_group_size: int = 64,
+                 hidden: str | list[int] | None = None):
+        """hidden: what every Step returns as its hidden states (see `hidden_reader`); None: nothing."""
         compat.check()
         self.model = model
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
         self.recurrent = qwen3_5.install(model)
-        self.hidden, self.norm = hidden, tap_final_norm(model) if hidden else None
+        self.read_hidden = hidden_reader(model, hidden) if hidden else None
         self.tree_ready = False  # tree_problem() found none
         self.reset()
 
@@ -103,10 +120,7 @@ class Target:
             finally:
                 for cache in self.cache:
                     cache.attend = None
-        if self.norm is None:
-            return Step(logits)
-        pre, post = self.norm.tapped
-        return Step(logits, (post if self.hidden == "post" else pre)[0])
+        return Step(logits, self.read_hidden() if self.read_hidden else None)
 
     def reusable(self, cached: list[int], tokens: list[int]) -> int:
         """How many leading cached positions (`cached`: what the cache holds, or less when unknown) can stay for
@@ -120,7 +134,7 @@ class Target:
         if common == self.offset:
             return common
         # a cut-back cache would leave drafters that read hidden states without those of the cut positions
-        return common if trimmable(self.cache) and self.norm is None else 0
+        return common if trimmable(self.cache) and self.read_hidden is None else 0
 
     def prefill(self, tokens: list[int], cached: list[int] = ()) -> Step:
         """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback. The prefix
@@ -142,7 +156,7 @@ class Target:
         for cache in self.recurrent_caches:
             cache.release()
             cache.capture = True
-        return Step(None, mx.concatenate(hidden) if self.norm is not None and hidden else None, keep)
+        return Step(None, mx.concatenate(hidden) if self.read_hidden and hidden else None, keep)
 
     def keep(self, block: int, kept: list[int]) -> None:
         """Of the last `block` positions keep those at `kept` (ascending indices into the block), in order:

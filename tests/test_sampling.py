@@ -69,7 +69,7 @@ def test_nonsense_parameters_are_refused(bad):
 
 
 @pytest.mark.parametrize("family,drafter,draft", [("qwen3", "draft-model", "qwen3-noisy"), ("qwen3", "ngram", None),
-                                                  ("qwen3_5", "mtp", None),
+                                                  ("qwen3_5", "mtp", None), ("qwen3", "draft-model", "qwen3-eagle3"),
                                                   ("gemma4", "draft-model", "gemma4-assistant-trained")])
 def test_sampled_sequences_follow_the_target(tiny, family, drafter, draft):
     """Three sampled tokens (T=1, top-k 2): the 8 possible sequences appear as often as the target alone
@@ -77,7 +77,7 @@ def test_sampled_sequences_follow_the_target(tiny, family, drafter, draft):
     horizon, top_k, samples = 3, 2, 1200
     engine = mlx_spec.load(str(tiny[family]), draft_model=draft and str(tiny[draft]), drafter=drafter, draft_len=2)
     prompt = engine.encode(PROMPT)
-    if engine.drafter.name in ("mtp", "assistant"):  # drafters fed by the target's hidden states
+    if engine.drafter.name in ("mtp", "assistant", "eagle3"):  # drafters fed by the target's hidden states
         prompt = prompt[:24]  # past the Gemma window (16); short for Gated DeltaNet's step-by-step prefill
     else:  # a prompt after which the first proposal is the target's own greedy choice
         greedy = mlx_spec.generate(engine, prompt, max_tokens=60).tokens

@@ -17,6 +17,7 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
+from tiny_heads import build_eagle3, build_medusa, fit
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -412,20 +413,6 @@ def build_gemma4_assistant(out_dir: str | Path, target_dir: str | Path, ordered:
     return write_checkpoint(Path(out_dir), cfg, weights, target_dir)
 
 
-def fit(model, loss, steps: int, learning_rate: float) -> None:
-    """`steps` full-batch Adam steps on `loss(model)`."""
-    import mlx.core as mx
-    import mlx.nn as nn
-    import mlx.optimizers as optim
-
-    optimizer = optim.Adam(learning_rate=learning_rate)
-    loss_and_grad = nn.value_and_grad(model, loss)
-    for _ in range(steps):
-        _, grads = loss_and_grad(model)
-        optimizer.update(model, grads)
-        mx.eval(model.parameters(), optimizer.state)
-
-
 def distill_gemma4_assistant(out_dir: str | Path, assistant_dir: str | Path, target_dir: str | Path,
                              steps: int = 150, seed: int = 0) -> Path:
     """A copy of a dense-head assistant trained (first draft step only) to predict its target's greedy choice
@@ -529,63 +516,6 @@ def write_checkpoint(out_dir: Path, cfg: dict, weights: dict[str, np.ndarray], t
     return out_dir
 
 
-def build_medusa(out_dir: str | Path, target_dir: str | Path, texts: list[str], heads: int = 3, layers: int = 1,
-                 steps: int = 80, seed: int = 0) -> Path:
-    """Medusa heads in the FasterDecoding layout (config.json, medusa_lm_head.safetensors with keys
-    "{head}.{block}.linear.{weight,bias}" and "{head}.{layers}.weight"), initialised as the reference does (the
-    target's output head, zero residual blocks) and trained on the target's own greedy continuations of `texts`
-    (head i at position t: the token at t + i + 2), so that drafting those prompts gets drafts accepted. (A
-    random model's next-but-one token is no simple function of its hidden state: heads trained on other
-    prompts would almost never be right.)"""
-    import mlx.core as mx
-    import mlx.nn as nn
-    from mlx.utils import tree_flatten
-    from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.utils import load_model, load_tokenizer
-    from safetensors.numpy import save_file
-
-    from mlx_spec.models.medusa import WEIGHTS, MedusaHeads
-
-    mx.random.seed(seed)
-    target, config = load_model(Path(target_dir))
-    tokenizer = load_tokenizer(Path(target_dir))
-    vocab, hidden, states, labels = config["vocab_size"], config["hidden_size"], [], []
-    for text in texts:
-        sequence = tokenizer.encode(text)
-        cache = make_prompt_cache(target)
-        logits = target(mx.array(sequence)[None], cache=cache)
-        for _ in range(160):
-            sequence.append(logits[0, -1].argmax().item())
-            logits = target(mx.array(sequence[-1:])[None], cache=cache)
-        positions = len(sequence) - heads - 1
-        states.append(target.model(mx.array(sequence)[None])[0, :positions])  # post-norm: what the heads read
-        labels.append(mx.array([sequence[i + 2:i + 2 + positions] for i in range(heads)]))
-    states, labels = mx.concatenate(states), mx.concatenate(labels, axis=1)
-    model = MedusaHeads(heads, layers, hidden, vocab)
-    output = target.lm_head.weight if hasattr(target, "lm_head") else target.model.embed_tokens.weight
-    for head in model.heads:
-        head.out.weight = output
-        for block in head.blocks:
-            block.linear.weight = mx.zeros_like(block.linear.weight)
-    mx.eval(states, model.parameters())
-
-    def loss(model):
-        return sum(nn.losses.cross_entropy(head(states), labels[i]).mean() for i, head in enumerate(model.heads))
-
-    fit(model, loss, steps, 1e-2)
-    weights = {}
-    for name, value in tree_flatten(model.parameters()):
-        _, head, part, *rest = name.split(".")  # heads.{i}.out.weight / heads.{i}.blocks.{j}.linear.{w}
-        key = f"{head}.{layers}.weight" if part == "out" else f"{head}.{rest[0]}.{'.'.join(rest[1:])}"
-        weights[key] = np.array(value)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps({"medusa_num_heads": heads, "medusa_num_layers": layers,
-                                                     "base_model_name_or_path": str(target_dir)}, indent=2))
-    save_file(weights, str(out_dir / WEIGHTS))
-    return out_dir
-
-
 def build_checkpoint(
     out_dir: str | Path,
     family: str,
@@ -649,7 +579,7 @@ def build_bench_pair(hidden: int, layers: int, draft_layers: int = 2) -> tuple[P
 
 
 PROMPT = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"  # the tests'
-MEDUSA_TEXTS = [PROMPT, "def main():", "class Stack(object):"]
+HEAD_TEXTS = [PROMPT, "def main():", "class Stack(object):"]  # what the test heads are trained on
 
 
 def build_suite(root: str | Path) -> dict[str, Path]:
@@ -673,7 +603,9 @@ def build_suite(root: str | Path) -> dict[str, Path]:
     paths["gemma4-assistant-trained"] = distill_gemma4_assistant(
         root / "gemma4-assistant-trained", paths["gemma4-assistant-dense"], paths["gemma4"])
     paths["qwen3-draft"] = build_layer_skip_draft(root / "qwen3-draft", paths["qwen3"], keep_layers=2)
-    paths["qwen3-medusa"] = build_medusa(root / "qwen3-medusa", paths["qwen3"], MEDUSA_TEXTS)
+    paths["qwen3-medusa"] = build_medusa(root / "qwen3-medusa", paths["qwen3"], HEAD_TEXTS)
+    paths["qwen3-eagle3"] = build_eagle3(root / "qwen3-eagle3", paths["qwen3"], HEAD_TEXTS, feature_layers=[0, 2, 3])
+    paths["llama-eagle3"] = build_eagle3(root / "llama-eagle3", paths["llama"], HEAD_TEXTS)  # layers 2, 1, 0
     paths["llama-draft"] = build_layer_skip_draft(root / "llama-draft", paths["llama"], keep_layers=1)
     paths["gemma3-draft"] = build_layer_skip_draft(root / "gemma3-draft", paths["gemma3"], keep_layers=3)
     paths["qwen3_5-draft"] = build_layer_skip_draft(root / "qwen3_5-draft", paths["qwen3_5"], keep_layers=4)

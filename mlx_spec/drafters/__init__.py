@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+import numpy as np
+
 import mlx.core as mx
 
 from ..draft import Draft
@@ -80,3 +82,41 @@ def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.arr
         if i < k - 1:
             logits = next_logits(tokens[-1])
     return Draft(mx.concatenate(tokens).astype(mx.int32), mx.concatenate(dists) if dists else None)
+
+
+def grow_tree(logits: mx.array, depth: int, width: int, score: Callable) -> tuple[Draft, dict[int, int]]:
+    """A dynamic token tree after EAGLE-2: `depth` levels of `width` nodes. Each node of a level offers its
+    `width` most probable children; the level keeps the `width` best by cumulative draft log-probability, the
+    drafter's own greedy chain always among them (so the tree holds every path the chain would).
+
+    `logits` (1, V) scores the first level. `score(nodes, tokens, parents, attend, level)` feeds a level's nodes
+    (`tokens`/`parents`: the tree so far) to the drafter, each attending, among all nodes fed so far, to its own
+    lineage (`attend` (len(nodes), fed)), and returns their logits. Returns the tree and the order in which its
+    nodes were fed (node -> row; the last level is never fed)."""
+    tokens, parents, scores, lineage = [], [], [], {-1: []}  # lineage: a node's ancestors and itself
+    frontier, chain, fed = [-1], -1, {}  # -1: the context's last token; chain: the node on the greedy chain
+    for level in range(depth):
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        top = mx.argpartition(-logprobs, width - 1, axis=-1)[:, :width]
+        top_scores = mx.take_along_axis(logprobs, top, axis=-1).tolist()
+        candidates = [(parent, token, (scores[parent] if parent >= 0 else 0.0) + value)
+                      for parent, row, row_scores in zip(frontier, top.tolist(), top_scores)
+                      for token, value in zip(row, row_scores)]
+        ranked = sorted(candidates, key=lambda c: -c[2])
+        greedy = next(c for c in ranked if c[0] == chain)
+        chain, frontier = len(tokens), []
+        for parent, token, value in [greedy, *[c for c in ranked if c is not greedy][: width - 1]]:
+            frontier.append(len(tokens))
+            lineage[len(tokens)] = lineage[parent] + [len(tokens)]
+            tokens.append(token)
+            parents.append(parent)
+            scores.append(value)
+        if level == depth - 1:
+            break
+        for node in frontier:
+            fed[node] = len(fed)
+        attend = np.zeros((len(frontier), len(fed)), dtype=bool)
+        for i, node in enumerate(frontier):
+            attend[i, [fed[a] for a in lineage[node]]] = True
+        logits = score(frontier, tokens, parents, attend, level)
+    return Draft(mx.array(tokens, dtype=mx.int32), parents=parents), fed

@@ -1,16 +1,13 @@
 """A separate, smaller model of the same vocabulary that drafts autoregressively with its own cache: a chain,
-or with `width` > 1 a token tree (after EAGLE-2's dynamic tree: at each depth `width` nodes, each expanded by its
-`width` most probable children; the draft's own greedy chain is always kept, the other nodes are the most
-probable by cumulative draft probability, so a tree holds every path the chain of the same depth would)."""
+or with `width` > 1 a token tree (`grow_tree`: EAGLE-2's dynamic tree, the draft's own greedy chain kept)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 
 from ..sampling import SamplingParams
 from ..target import Step, Target
-from . import Draft, draft_autoregressively
+from . import Draft, draft_autoregressively, grow_tree
 
 
 class DraftModelDrafter:
@@ -30,7 +27,7 @@ class DraftModelDrafter:
     def caches(self) -> list:
         return self.runner.cache
 
-    def _logits(self, tokens, attend: np.ndarray | None = None, positions: list[int] | None = None) -> mx.array:
+    def _logits(self, tokens, attend=None, positions: list[int] | None = None) -> mx.array:
         logits = self.runner.forward(tokens, attend, positions).logits
         logits = logits if attend is not None else logits[-1:]
         width = logits.shape[-1]
@@ -55,38 +52,12 @@ class DraftModelDrafter:
         return self.tree
 
     def _expand(self, logits: mx.array, depth: int, position: int) -> Draft:
-        """A tree of `depth` levels of `width` nodes; `position`: that of the first level. Each level's nodes
-        are fed to the runner (seeing their ancestors only) to score the next."""
-        tokens, parents, scores, lineage = [], [], [], {-1: []}  # lineage: a node's ancestors and itself
-        frontier = [-1]  # the nodes whose children come next (-1: the last token of the context)
-        chain = -1  # the node on the draft's greedy chain
-        self.fed = {}
-        for level in range(depth):
-            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            top = mx.argpartition(-logprobs, self.width - 1, axis=-1)[:, : self.width]
-            top_scores = mx.take_along_axis(logprobs, top, axis=-1).tolist()
-            candidates = [(parent, token, (scores[parent] if parent >= 0 else 0.0) + score)
-                          for parent, row, row_scores in zip(frontier, top.tolist(), top_scores)
-                          for token, score in zip(row, row_scores)]
-            ranked = sorted(candidates, key=lambda c: -c[2])
-            greedy = next(c for c in ranked if c[0] == chain)
-            chain, frontier = len(tokens), []
-            for parent, token, score in [greedy, *[c for c in ranked if c is not greedy][: self.width - 1]]:
-                frontier.append(len(tokens))
-                lineage[len(tokens)] = lineage[parent] + [len(tokens)]
-                tokens.append(token)
-                parents.append(parent)
-                scores.append(score)
-            if level == depth - 1:
-                break
-            for node in frontier:
-                self.fed[node] = len(self.fed)
-            attend = np.zeros((len(frontier), len(self.fed)), dtype=bool)
-            for i, node in enumerate(frontier):
-                attend[i, [self.fed[a] for a in lineage[node]]] = True
-            logits = self._logits(mx.array([tokens[n] for n in frontier], dtype=mx.int32), attend,
-                                  [position + level] * len(frontier))
-        return Draft(mx.array(tokens, dtype=mx.int32), parents=parents)
+        """A tree of `depth` levels; `position`: that of its first level."""
+        def score(nodes, tokens, parents, attend, level):
+            return self._logits(mx.array([tokens[n] for n in nodes], dtype=mx.int32), attend,
+                                [position + level] * len(nodes))
+        tree, self.fed = grow_tree(logits, depth, self.width, score)
+        return tree
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         if self.tree is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..caches import make_caches, rollback
-from ..models.qwen3_5 import MTP, lm_head, text_model
 from ..sampling import SamplingParams
 from ..target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
 from . import Draft, draft_autoregressively
@@ -22,12 +21,13 @@ from . import Draft, draft_autoregressively
 class MTPDrafter:
     name = "mtp"
 
-    def __init__(self, mtp: MTP, target_model):
-        """The target must be run with `Target(..., hidden=...)`: its Steps carry the hidden states fed here."""
+    def __init__(self, mtp, embed, head):
+        """mtp(embeddings, hidden, caches) -> the hidden state fed back; `head` scores it; `embed`: the target's
+        embedding. The target must be run with `Target(..., hidden=...)`: its Steps carry the hidden states."""
         self.mtp = self.weights = mtp
         self.caches: list = []
         self.pending: list[tuple[list[int], mx.array]] = []  # verified (tokens, hidden) without rows yet
-        self.embed, self.head = text_model(target_model).model.embed_tokens, lm_head(target_model)
+        self.embed, self.head = embed, head
         self.last_hidden = None  # the target's hidden state at the last position of its cache
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
@@ -79,7 +79,7 @@ class MTPDrafter:
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         if self.draft_rows:
-            rollback(self.caches, self.draft_rows, MAX_DRAFT_LEN + 1)
+            rollback(self.caches, self.draft_rows, self.draft_rows)
             self.draft_rows = 0
         self.pending.append((context[-(accepted + 1):], step.hidden))
         self.last_hidden = step.hidden[-1:]
