@@ -134,7 +134,9 @@ class Run:
     tps: float
     acceptance: float
     mean_acceptance_length: float
-    draft_len: float = 0.0  # mean drafts per round
+    draft_len: float = 0.0  # mean drafts per round (a tree's depth)
+    nodes: float = 0.0  # mean drafted tokens verified per round (a tree's nodes)
+    by_depth: tuple[float, ...] = ()  # acceptance at each draft position (a tree's depth)
 
 
 def load_prompts(suite: str | None, prompts_file: str | None) -> dict:
@@ -197,9 +199,10 @@ def run_bench(plain: Engine, drafters: list[str], categories: dict, max_tokens: 
                 for rep in range(reps):
                     for name, engine in engines.items():  # interleaved: drift hits every contender alike
                         stats = engine.generate(ids, params, max_tokens, seed=rep).stats
+                        per_round = (lambda n: n / stats.rounds if stats.rounds else 0.0)
                         runs.append(Run(category, name, stats.decode_tps, stats.acceptance_rate,
-                                        stats.mean_acceptance_length,
-                                        stats.drafted / stats.rounds if stats.rounds else 0.0))
+                                        stats.mean_acceptance_length, per_round(stats.drafted),
+                                        per_round(stats.nodes), tuple(stats.per_position_acceptance)))
                         if on_run:
                             on_run(runs[-1])
                 if reps > 1:
@@ -226,7 +229,9 @@ def summarise(runs: list[Run], contenders: list[str], costs: dict[str, RoundCost
             rows[name] = {"tps": statistics.median(r.tps for r in mine),
                           "acceptance": statistics.mean(r.acceptance for r in mine),
                           "mean_acceptance_length": statistics.mean(r.mean_acceptance_length for r in mine),
-                          "draft_len": statistics.mean(r.draft_len for r in mine)}
+                          "draft_len": statistics.mean(r.draft_len for r in mine),
+                          "nodes_per_round": statistics.mean(r.nodes for r in mine),
+                          "acceptance_by_depth": mean_by_depth([r.by_depth for r in mine])}
         plain = rows["plain"]["tps"]
         for name, row in rows.items():
             row["speedup"] = row["tps"] / plain if plain else 0.0
@@ -242,6 +247,12 @@ def summarise(runs: list[Run], contenders: list[str], costs: dict[str, RoundCost
     return report
 
 
+def mean_by_depth(runs: list[tuple[float, ...]]) -> list[float]:
+    """The mean acceptance at each depth, over the runs that drafted that deep."""
+    deepest = max((len(r) for r in runs), default=0)
+    return [statistics.mean(r[d] for r in runs if len(r) > d) for d in range(deepest)]
+
+
 def table(report: dict) -> str:
     """One line per category and contender; bound = E[N] / (k c + v(k)), achieved = speedup / bound."""
     width = max(len(n) for n in report["contenders"])
@@ -255,6 +266,12 @@ def table(report: dict) -> str:
             if i == 0:
                 line = f"{line:{len(lines[0]) - len('verdict')}s}{entry['verdict']}"
             lines.append(line.rstrip())
+    overall = report["categories"].get("overall", {"results": {}})["results"]
+    for name, r in overall.items():
+        if r.get("nodes_per_round", 0) > r["draft_len"] + 1e-9:  # a tree: more nodes than positions
+            depths = " ".join(f"{a:.0%}" for a in r["acceptance_by_depth"])
+            lines.append(f"tree, {name}: {r['nodes_per_round']:.1f} nodes verified/round, depth {r['draft_len']:.1f}, "
+                         f"accepted path {r['mean_acceptance_length'] - 1:.2f}, acceptance by depth [{depths}]")
     for name, c in report.get("round_costs", {}).items():
         draft = ", ".join(f"{k}: {v:.2f}" for k, v in c["draft_cost_c"].items())
         verify = ", ".join(f"{k}: {v:.2f}" for k, v in c["verify_cost_v"].items() if k)

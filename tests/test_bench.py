@@ -35,6 +35,22 @@ def test_bench_runs_and_reports(tiny, tmp_path):
     assert len([e for e in svg.iter() if e.tag.endswith("rect")]) >= 8 * 3
 
 
+def test_bench_reports_trees(tiny, tmp_path):
+    """A tree's nodes per round, its accepted path and its acceptance at each depth."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": PROMPT, "category": "code"}) + "\n")
+    report_path = tmp_path / "report.json"
+    proc = run_cli("bench", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-eagle3"]), "--drafters",
+                   "draft-model", "--tree-width", "3", "--num-draft", "3", "--prompts", str(prompts),
+                   "--max-tokens", "24", "--reps", "1", "--json", str(report_path))
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(report_path.read_text())["categories"]["overall"]["results"]["draft-model"]
+    assert row["draft_len"] <= 3 < row["nodes_per_round"] <= 9  # depth 3, at most 3 nodes a level
+    assert len(row["acceptance_by_depth"]) == 3 and row["acceptance_by_depth"][0] > 0
+    assert row["acceptance_by_depth"] == sorted(row["acceptance_by_depth"], reverse=True)
+    assert f"tree, draft-model: {row['nodes_per_round']:.1f} nodes verified/round" in proc.stdout
+
+
 def test_verdicts_follow_measured_speedup_and_acceptance():
     runs = [Run("code", "plain", 10.0, 0, 1), Run("code", "ngram", 14.0, 0.8, 3.0),
             Run("chat", "plain", 10.0, 0, 1), Run("chat", "ngram", 10.2, 0.3, 1.4),
