@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten
 
 from .errors import SpecError
 from .loading import read_config, resolve
+from .models.eagle3 import is_eagle3, load_eagle3, read_weights
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.gemma4_assistant import quantize as quantize_assistant
 from .models.qwen3_5 import build_mtp, checkpoint_files, declared_mtp_layers, read_mtp_tensors
@@ -83,6 +84,8 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
         staged = work / "model"
         if is_assistant(json.loads(config_path.read_text())):
             convert_assistant(source, staged, quantize, q_bits, q_group_size, dtype)
+        elif is_eagle3(json.loads(config_path.read_text())):
+            convert_eagle3(source, staged, quantize, q_bits, q_group_size, dtype)
         else:
             mlx_lm_convert(str(source), str(staged), quantize=quantize, q_group_size=q_group_size, q_bits=q_bits,
                            dtype=dtype)
@@ -138,6 +141,25 @@ def convert_assistant(source: Path, out: Path, quantize: bool, q_bits: int, q_gr
         if extra.name not in ("config.json", INDEX_FILE):
             shutil.copy(extra, out / extra.name)
     print(f"[INFO] Converted the Gemma 4 assistant{f' ({q_bits}-bit, centroids kept float)' if quantize else ''}")
+
+
+def convert_eagle3(source: Path, out: Path, quantize: bool, q_bits: int, q_group_size: int,
+                   dtype: str | None) -> None:
+    """An EAGLE-3 head (mlx-lm cannot load one): floats cast, layers quantized; the d2t / t2d maps kept as they
+    are; its config keeps its own form (EAGLE or speculators) with the quantization added."""
+    config = json.loads((source / "config.json").read_text())
+    head = load_eagle3(source, config)
+    if dtype := dtype or checkpoint_dtype(config) or checkpoint_dtype(config.get("transformer_layer_config", {})):
+        head.set_dtype(getattr(mx, dtype))
+    if quantize:
+        nn.quantize(head, group_size=q_group_size, bits=q_bits)
+        config["quantization"] = {"group_size": q_group_size, "bits": q_bits}
+    maps = {k: v for k, v in read_weights(source).items() if k in ("d2t", "t2d")}
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), {**dict(tree_flatten(head.parameters())), **maps},
+                        metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=4))
+    print(f"[INFO] Converted the EAGLE-3 head{f' ({q_bits}-bit)' if quantize else ''}")
 
 
 def add_mtp(hf_path: str, mlx_path: str, mtp_bits: int | None = None, group_size: int = 64) -> Path:

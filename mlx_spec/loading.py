@@ -19,7 +19,7 @@ from .drafters.qwen_mtp import MTPDrafter
 from .engine import Engine
 from .errors import SpecError
 from .models import materialize
-from .models.eagle3 import feature_layers, is_eagle3, load_eagle3
+from .models.eagle3 import feature_layers, flat_config, is_eagle3, load_eagle3
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.medusa import is_medusa, load_medusa
 from .models.qwen3_5 import declared_mtp_layers, lm_head, load_mtp, text_model
@@ -295,7 +295,8 @@ def eagle3_features(path: Path, config: dict, target: LoadedTarget) -> list[int]
     """The target layers an EAGLE-3 head reads, after checking that the head was trained for this target."""
     text = target.config.get("text_config", target.config)
     layers, hidden = text["num_hidden_layers"], text["hidden_size"]
-    trained_hidden, vocab = config.get("target_hidden_size", config.get("hidden_size")), config.get("vocab_size")
+    flat = flat_config(config)
+    trained_hidden, vocab = flat.get("target_hidden_size", flat.get("hidden_size")), flat.get("vocab_size")
     features = feature_layers(config, layers)
     if trained_hidden != hidden or vocab != vocab_size(target.config) or max(features) >= layers:
         raise SpecError(f"the EAGLE-3 head {path} (target hidden size {trained_hidden}, vocabulary {vocab}, "

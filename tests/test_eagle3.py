@@ -98,6 +98,39 @@ def test_eagle3_drafts_exactly(tiny, family, width):
         assert stats.nodes == stats.drafted if width == 1 else stats.nodes > stats.drafted
 
 
+def test_speculators_layout_drafts_the_same(tiny, tmp_path):
+    """Red Hat's `speculators` heads: the Llama fields nested under transformer_layer_config, layers.0.*."""
+    config = json.loads((tiny["qwen3-eagle3"] / "config.json").read_text())
+    nested = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+              "draft_vocab_size": config.pop("draft_vocab_size"), "norm_before_residual": False,
+              "eagle_aux_hidden_state_layer_ids": config.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"],
+              "transformer_layer_config": config}
+    (tmp_path / "config.json").write_text(json.dumps(nested))
+    weights = load_file(str(tiny["qwen3-eagle3"] / "model.safetensors"))
+    mx.save_safetensors(str(tmp_path / "model.safetensors"),
+                        {k.replace("midlayer.", "layers.0."): mx.array(v) for k, v in weights.items()})
+    results = []
+    for head in (tiny["qwen3-eagle3"], tmp_path):
+        engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(head), draft_len=3)
+        results.append(engine.generate(PROMPT, max_tokens=40))
+    assert results[0].tokens == results[1].tokens
+    assert results[0].stats.to_dict()["per_position_acceptance"] == results[1].stats.to_dict()["per_position_acceptance"]
+
+
+def test_converted_quantized_head_drafts_exactly(tiny, tmp_path):
+    out = tmp_path / "q8"
+    proc = run_cli("convert", "--hf-path", str(tiny["qwen3-eagle3"]), "--mlx-path", str(out), "-q", "--q-bits", "8",
+                   "--q-group-size", "32")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "config.json").read_text())["quantization"] == {"group_size": 32, "bits": 8}
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(out), draft_len=3)
+    assert type(engine.drafter.mtp.fc).__name__ == "QuantizedLinear"
+    ids = engine.encode(PROMPT)
+    result = engine.generate(ids, max_tokens=60)
+    assert result.tokens == plain_greedy(tiny["qwen3"], ids, 60)
+    assert 0 < result.stats.accepted < result.stats.drafted
+
+
 def test_eagle3_from_the_command_line(tiny):
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-eagle3"]),
                    "--tree-width", "2", "--prompt", "def main():", "--max-tokens", "24", "--raw")

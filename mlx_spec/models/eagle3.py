@@ -13,7 +13,8 @@ concatenated (3 H) and projected by `fc` to H. One Llama decoder layer, `midlaye
 A checkpoint directory holds `config.json` (`architectures` naming Eagle3, the Llama attention fields,
 `draft_vocab_size`, optionally `eagle_config.eagle_aux_hidden_state_layer_ids` and `target_hidden_size`) and
 `model.safetensors` with `fc.weight`, `midlayer.*` (or `layers.0.*`), `norm.weight`, `lm_head.weight`, `d2t`,
-`t2d` and optionally `embed_tokens.weight`.
+`t2d` and optionally `embed_tokens.weight`. The `speculators` format (Red Hat's heads) nests the Llama fields
+under `transformer_layer_config`, keeps the other keys at the top and defaults `norm_before_residual` to true.
 """
 
 from __future__ import annotations
@@ -29,12 +30,25 @@ from ..errors import SpecError
 
 
 def is_eagle3(config: dict) -> bool:
-    return any("eagle3" in name.lower() for name in config.get("architectures") or [])
+    return (config.get("speculators_model_type") == "eagle3"
+            or any("eagle3" in name.lower() for name in config.get("architectures") or []))
+
+
+def flat_config(config: dict) -> dict:
+    """The EAGLE-repository form of a head's config (the speculators form unnested)."""
+    if config.get("speculators_model_type") != "eagle3":
+        return config
+    flat = {**config.get("transformer_layer_config", {}), "norm_before_residual": True}
+    flat.update({k: v for k, v in config.items() if k in ("draft_vocab_size", "target_hidden_size",
+                                                          "norm_before_residual", "norm_before_fc", "quantization")})
+    if ids := config.get("eagle_aux_hidden_state_layer_ids"):
+        flat["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
+    return flat
 
 
 def feature_layers(config: dict, target_layers: int) -> list[int]:
     """The target layers whose inputs the head reads (low, mid, high)."""
-    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = (flat_config(config).get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     return list(ids) if ids else [2, target_layers // 2, target_layers - 3]
 
 
@@ -95,7 +109,8 @@ class Eagle3(nn.Module):
         return mx.take(padded, self._to_target, axis=-1)
 
 
-def load_eagle3(path: Path, config: dict, target_hidden: int, vocab: int) -> Eagle3:
+def read_weights(path: Path) -> dict:
+    """A head's tensors as stored (d2t and t2d included)."""
     files = sorted(path.glob("*.safetensors"))
     if not files:
         pickle = next((p.name for p in path.glob("*.bin")), None) or next((p.name for p in path.glob("*.pt")), None)
@@ -106,6 +121,17 @@ def load_eagle3(path: Path, config: dict, target_hidden: int, vocab: int) -> Eag
     weights = {}
     for file in files:
         weights.update(mx.load(str(file)))
+    return weights
+
+
+def load_eagle3(path: Path, config: dict, target_hidden: int | None = None, vocab: int | None = None) -> Eagle3:
+    """The head in `path`; `target_hidden` and `vocab` default to what its config says."""
+    config = flat_config(config)
+    target_hidden = target_hidden or config.get("target_hidden_size", config["hidden_size"])
+    vocab = vocab or config["vocab_size"]
+    if config.get("norm_before_fc"):
+        raise SpecError(f"{path}: heads with norm_before_fc are not supported yet: use a head without it")
+    weights = read_weights(path)
     d2t = weights.pop("d2t", None)
     weights.pop("t2d", None)
     weights = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in weights.items()}
