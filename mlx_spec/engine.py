@@ -150,6 +150,8 @@ class Engine:
         check_draft_len(max_draft_len)
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.max_draft_len, self.sibling, self.drafters = max_draft_len, sibling, list(drafters)
+        self.tree_width = getattr(drafter, "width", 1)  # > 1: the drafter drafts trees, a round's width chosen by
+        # the policy (the adaptive one also tries chains)
         self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
         self.stop_requested = False
         self.pin(draft_len)
@@ -162,9 +164,9 @@ class Engine:
         if not self.drafter:
             self.next_policy = FixedDraftLength(0)
         elif draft_len is None:
-            self.next_policy = AdaptiveDraftLength(self.max_draft_len)
+            self.next_policy = AdaptiveDraftLength(self.max_draft_len, widths=tuple(sorted({1, self.tree_width})))
         else:
-            self.next_policy = FixedDraftLength(draft_len)
+            self.next_policy = FixedDraftLength(draft_len, self.tree_width)
 
     def stop(self) -> None:
         """End the running generation after the current round, with stop reason "stopped" and its statistics."""
@@ -174,7 +176,7 @@ class Engine:
         policy = self.next_policy
         return EngineStatus(self.drafter.name if self.drafter else "off", policy.note,
                             getattr(policy, "pinned", None), self.max_draft_len, self.drafters,
-                            shape(self.drafter))
+                            shape(self.drafter, self.tree_width))
 
     def with_drafter(self, drafter: str) -> "Engine":
         """Another engine on the same target weights (loaded once), drafting with `drafter` ("off": none)."""
@@ -220,6 +222,8 @@ class Engine:
             self.policy = self.next_policy  # a pin() from another thread takes effect here
             key, round_key = mx.random.split(key)
             draft_len = self.policy.next_draft_len(max_tokens - len(generated))
+            if self.tree_width > 1:
+                self.drafter.width = self.policy.width
             round_start = time.perf_counter()
             try:
                 verdict, new_tokens = self.speculate_round(context, draft_len, params, round_key)
@@ -300,6 +304,7 @@ class Engine:
         prompt_step = self.target.prefill(context[:-1])
         if self.drafter:
             self.drafter.begin(context, prompt_step)
+            self.drafter.width = self.tree_width  # the shape a user asked for (a generation may have left a chain)
         timed: dict[int, list[dict]] = {}
         key = mx.random.key(0)
         for k in dict.fromkeys([0, *(draft_lens if self.drafter else [])]):

@@ -76,20 +76,20 @@ class ModelledCostPolicy(AdaptiveDraftLength):
 
 
 class RandomDraftLengths:
-    """Seeded runs of one draft length each (0 included, up to 12 rounds long): every change of length,
-    drafting turned off for a while and back on, in a reproducible order."""
+    """Seeded runs of one draft length and width each (length 0 included, up to 12 rounds long): every change of
+    length and shape, drafting turned off for a while and back on, in a reproducible order."""
 
     note = "random draft lengths (test)"
 
-    def __init__(self, max_len: int, seed: int):
+    def __init__(self, max_len: int, seed: int, widths: tuple[int, ...] = (1,)):
         import random
 
-        self.rng, self.max_len, self.run = random.Random(seed), max_len, []
+        self.rng, self.max_len, self.widths, self.run, self.width = random.Random(seed), max_len, widths, [], 1
 
     def next_draft_len(self, remaining):
         if not self.run:
             length = self.rng.choice([0, *range(self.max_len + 1)])  # off twice as often as any one length
-            self.run = [length] * self.rng.randint(1, 12)
+            self.run, self.width = [length] * self.rng.randint(1, 12), self.rng.choice(self.widths)
         return max(0, min(self.run.pop(), remaining - 1))
 
     def observe(self, draft_len, accepted, seconds):

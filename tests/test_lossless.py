@@ -28,16 +28,18 @@ def test_greedy_equals_plain_decoding(tiny, family, drafter, penalty):
 
 @pytest.mark.parametrize("family,draft,options", [
     *[(family, f"{family}-draft", {}) for family in FAMILIES], ("qwen3", "qwen3-draft", {"tree_width": 2}),
+    ("qwen3", "qwen3-eagle3", {"tree_width": 3}),
     ("qwen3_5", None, {"drafter": "mtp"}), ("gemma4", "gemma4-assistant", {})])
 def test_changing_draft_lengths_stay_exact(tiny, family, draft, options):
-    """The adaptive policy changes the draft length every few rounds and turns drafting off and on (its choices
-    follow the clock); seeded runs of every length, 0 included, must all decode exactly as plain decoding."""
+    """The adaptive policy changes the draft length (and a tree drafter's shape) every few rounds and turns
+    drafting off and on (its choices follow the clock); seeded runs of every length, 0 included, and of chains
+    and trees must all decode exactly as plain decoding."""
     engine = mlx_spec.load(str(tiny[family]), draft_model=draft and str(tiny[draft]), **options)
     ids = engine.encode(PROMPT)
     reference = plain_greedy(tiny[family], ids, MAX_TOKENS, 1.3)
     lengths = set()
     for seed in range(2):
-        engine.next_policy = RandomDraftLengths(engine.max_draft_len, seed)
+        engine.next_policy = RandomDraftLengths(engine.max_draft_len, seed, widths=(1, engine.tree_width))
         events = list(mlx_spec.stream(engine, ids, max_tokens=MAX_TOKENS, repetition_penalty=1.3))
         assert events[-1].tokens == reference
         lengths |= {e.draft_len for e in events if isinstance(e, mlx_spec.Round)}

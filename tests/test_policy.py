@@ -39,6 +39,24 @@ def test_draft_length_follows_acceptance_and_cost():
     assert 1 <= statistics.median(costly[-20:]) < statistics.median(half[-20:])  # dearer drafts: shorter
 
 
+def test_chooses_trees_where_they_pay():
+    def run(policy, accepted_by_width, cost_by_width, rounds=80):
+        chosen = []
+        for _ in range(rounds):
+            k = policy.next_draft_len(remaining=1000)
+            policy.observe(k, min(k, accepted_by_width[policy.width]), 1.0 + cost_by_width[policy.width] * k)
+            chosen.append((k, policy.width if k else 0))
+        return chosen[-20:]
+
+    # trees get 3 drafts accepted a round, chains 1; a tree's position costs twice a chain's: trees pay
+    late = run(AdaptiveDraftLength(max_len=4, widths=(1, 3)), {1: 1, 3: 3}, {1: 0.05, 3: 0.1})
+    assert {w for k, w in late if k} == {3}
+    policy = AdaptiveDraftLength(max_len=4, widths=(1, 3))
+    late = run(policy, {1: 2, 3: 3}, {1: 0.05, 3: 1.0})  # a tree position costs a whole plain step: chains
+    assert {w for k, w in late if k} == {1}
+    assert policy.note.startswith("draft length 2: expected")
+
+
 class SwitchingDrafter(CorruptedOracleDrafter):
     """Wrong at every position for the first `bad_tokens` generated tokens, then the exact reference."""
 

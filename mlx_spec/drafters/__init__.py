@@ -41,11 +41,10 @@ def default_drafter(draft_model_given: bool, has_mtp: bool, listed_draft_model: 
     return "mtp" if has_mtp else "draft-model" if listed_draft_model else "ngram"
 
 
-def shape(drafter) -> str:
+def shape(drafter, width: int) -> str:
     """What a drafter proposes: "chain", "tree of width W", or a chain and why not a tree (its `no_tree`)."""
     if getattr(drafter, "no_tree", None):
         return f"chain (no tree: {drafter.no_tree})"
-    width = getattr(drafter, "width", 1)
     return f"tree of width {width}" if width > 1 else "chain"
 
 
