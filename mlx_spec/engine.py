@@ -157,16 +157,21 @@ class Engine:
         self.pin(draft_len)
         self.policy = self.next_policy
 
-    def pin(self, draft_len: int | None) -> None:
+    def pin(self, draft_len: int | None, tree_width: int | None = None) -> None:
         """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose; from the
-        next round on."""
+        next round on. tree_width: trees of at most the width the drafter was loaded with (1: chains); None:
+        that width."""
         check_draft_len(draft_len)
+        width = self.tree_width if tree_width is None else tree_width
+        if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= self.tree_width:
+            raise SpecError(f"tree width must be from 1 to {self.tree_width} (the width this engine's drafter was "
+                            f"loaded with, --tree-width), got {tree_width!r}")
         if not self.drafter:
             self.next_policy = FixedDraftLength(0)
         elif draft_len is None:
-            self.next_policy = AdaptiveDraftLength(self.max_draft_len, widths=tuple(sorted({1, self.tree_width})))
+            self.next_policy = AdaptiveDraftLength(self.max_draft_len, widths=tuple(sorted({1, width})))
         else:
-            self.next_policy = FixedDraftLength(draft_len, self.tree_width)
+            self.next_policy = FixedDraftLength(draft_len, width)
 
     def stop(self) -> None:
         """End the running generation after the current round, with stop reason "stopped" and its statistics."""
@@ -304,7 +309,7 @@ class Engine:
         prompt_step = self.target.prefill(context[:-1])
         if self.drafter:
             self.drafter.begin(context, prompt_step)
-            self.drafter.width = self.tree_width  # the shape a user asked for (a generation may have left a chain)
+            self.drafter.width = self.next_policy.widest  # the shape asked for (a generation may have left a chain)
         timed: dict[int, list[dict]] = {}
         key = mx.random.key(0)
         for k in dict.fromkeys([0, *(draft_lens if self.drafter else [])]):

@@ -16,7 +16,7 @@ class FixedDraftLength:
 
     def __init__(self, draft_len: int, width: int = 1):
         self.draft_len = self.pinned = draft_len
-        self.width = width
+        self.width = self.widest = width
         shape = f", trees of width {width}" if width > 1 and draft_len else ""
         self.note = f"draft length {draft_len} (pinned){shape}" if draft_len else "drafting off"
 
@@ -53,7 +53,7 @@ class AdaptiveDraftLength:
         self.rounds = 0
         self.warmed_up = set()  # widths seen once (0: plain steps): a first round compiles and fills caches
         self.previous_len = None
-        self.draft_len, self.width = max_len, widths[0]
+        self.draft_len, self.width, self.widest = max_len, widths[0], widths[-1]
         self.note = f"adaptive draft length, up to {max_len}" + (f", chains or trees of width {widths[-1]}"
                                                                   if len(widths) > 1 else "")
 

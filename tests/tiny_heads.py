@@ -120,12 +120,14 @@ def build_eagle3(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
                  feature_layers: list[int] | None = None, steps: int = 120, seed: int = 0) -> Path:
     """An EAGLE-3 head in the EAGLE / SpecForge layout (config.json, model.safetensors with `fc`, `midlayer.*`,
     `norm`, `lm_head`, `d2t`, `t2d`), its draft vocabulary the `draft_vocab` tokens the target writes most
-    often, trained for the first draft step: row p pairs the features at p with embed(t_{p+1}) and learns the
-    target's greedy choice after p + 1."""
+    often, trained for the first two draft steps: row p pairs the features at p with embed(t_{p+1}) and learns
+    the target's greedy choice after p + 1; then its output g with embed(t_{p+2}), the choice after p + 2."""
     from mlx.utils import tree_flatten
     from mlx_lm.utils import load_model, load_tokenizer
     from safetensors.numpy import save_file
 
+    from mlx_spec import compat
+    from mlx_spec.caches import TreeKVCache
     from mlx_spec.models.eagle3 import Eagle3, feature_layers as default_layers
 
     mx.random.seed(seed)
@@ -146,14 +148,26 @@ def build_eagle3(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
     head = Eagle3(config, target_config["hidden_size"], vocab, own_embedding=False)
     mx.eval(rows, head.parameters())
 
-    def loss(head):
-        from mlx_lm.models.cache import KVCache
+    compat.positioned_ropes(head)
 
+    def loss(head):
         total = 0.0
         for features, embeddings, labels in rows:
-            scores = head.lm_head(head.norm(head(embeddings[None], features[None], [KVCache()])[0]))
-            known = labels >= 0  # targets outside the draft vocabulary cannot be learnt
-            total = total + (nn.losses.cross_entropy(scores, mx.maximum(labels, 0)) * known).sum() / known.sum()
+            n = labels.shape[0] - 1
+            cache = [TreeKVCache()]
+            g = head(embeddings[None, :n], features[None, :n], cache)[0]  # step 1 over verified features
+            # step 2 as drafting runs it (training-time test): row p feeds its own g back with the next token,
+            # at position p + 1, seeing the step-1 rows up to p and itself
+            attend = np.zeros((n, 2 * n), dtype=bool)
+            attend[:, :n] = np.tri(n, dtype=bool)
+            attend[np.arange(n), n + np.arange(n)] = True
+            cache[0].attend = mx.array(attend)
+            with compat.positions(mx.arange(1, n + 1)):
+                g2 = head(embeddings[None, 1:], g[None], cache)[0]
+            for out, wanted in ((g, labels[:n]), (g2, labels[1:])):
+                known = wanted >= 0  # targets outside the draft vocabulary cannot be learnt
+                scores = head.lm_head(head.norm(out))
+                total = total + (nn.losses.cross_entropy(scores, mx.maximum(wanted, 0)) * known).sum() / known.sum()
         return total / len(rows)
 
     fit(head, loss, steps, 3e-3)
