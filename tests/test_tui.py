@@ -269,8 +269,9 @@ def test_psi_parsing():
     assert "PSI 10 s: some 5.5%, full 0.0%" in classify_pressure(0.98, psi(some10=5.5))[1]
 
 
-def test_the_panel_counts_tree_nodes(tiny, tmp_path):
-    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3"]), tree_width=2, draft_len=3)
+@pytest.mark.parametrize("draft,drafter", [("qwen3", "draft-model"), ("qwen3-eagle3", "eagle3")])
+def test_the_panel_counts_tree_nodes(tiny, tmp_path, draft, drafter):
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny[draft]), tree_width=2, draft_len=3)
     engine.tokenizer.eos_token_ids = []
 
     async def run():
@@ -280,4 +281,5 @@ def test_the_panel_counts_tree_nodes(tiny, tmp_path):
             await wait_done(app, pilot)
             nodes = re.search(r"tree: ([\d.]+) nodes verified/round", panel(app, "acceptance"))
             assert nodes and float(nodes.group(1)) > 3  # more than the depth-3 chain: two per level
+            assert panel(app, "drafter").startswith(f"drafter: {drafter}\n")
     asyncio.run(run())
