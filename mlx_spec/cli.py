@@ -223,6 +223,25 @@ def chat(args) -> int:
     return 0
 
 
+def serve(args) -> int:
+    from .server import Server, serve
+
+    for value, flag, least in ((args.port, "--port", 0), (args.max_tokens, "--max-tokens", 1),
+                               (args.max_queue, "--max-queue", 1)):
+        if value < least or (flag == "--port" and value > 65535):
+            raise SpecError(f"{flag} must be {'from 0 to 65535' if flag == '--port' else f'>= {least}'}, got {value}")
+    if args.timeout <= 0:
+        raise SpecError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    defaults = sampling_params(args)
+    engine = load_engine(args)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"mlx-spec: warning: serving on {args.host} without --api-key: anyone who can reach this port can "
+              "use the model", file=sys.stderr)
+    serve(Server(engine, args.model or "demo", defaults, args.max_tokens, args.max_queue, args.timeout, args.api_key,
+                 args.num_draft), args.host, args.port)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -263,6 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(bat)
     add_sampling_args(bat)  # defaults for requests that set none
     bat.set_defaults(run=batch)
+
+    srv = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and text completions)")
+    add_model_args(srv)
+    add_sampling_args(srv)  # defaults for requests that set none
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    srv.add_argument("--port", type=int, default=8080)
+    srv.add_argument("--api-key", default=os.environ.get("MLX_SPEC_API_KEY"),
+                     help="require 'Authorization: Bearer KEY' (default: $MLX_SPEC_API_KEY, else none)")
+    srv.add_argument("--max-tokens", type=int, default=512, help="default for requests that set none")
+    srv.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 503")
+    srv.add_argument("--timeout", type=float, default=600, help="seconds a request may run (default 600)")
+    srv.set_defaults(run=serve)
 
     conv = commands.add_parser("convert", help="convert a Hugging Face checkpoint (keeping its MTP layer) or a GGUF "
                                                "file to MLX")

@@ -110,7 +110,7 @@ def test_draft_with_a_padded_vocabulary(tiny, tmp_path):
     config["vocab_size"] = embed.shape[0] + 64
     (padded / "config.json").write_text(json.dumps(config))
 
-    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(padded))
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(padded), draft_len=4)  # drafting every round
     ids = engine.encode(PROMPT)
     result = mlx_spec.generate(engine, ids, max_tokens=80, temperature=0.0)
     assert result.tokens == plain_greedy(tiny["qwen3"], ids, 80)

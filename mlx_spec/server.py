@@ -1,0 +1,358 @@
+"""`mlx-spec serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn) over one loaded engine.
+
+`POST /v1/chat/completions` and `/v1/completions` (streamed as server-sent events or not), `GET /v1/models`,
+`GET /health`. Requests queue (bounded: 503 with Retry-After when full) and run one at a time on the generation
+thread, which owns every MLX array; a request that extends the previous conversation reuses the prompt cache.
+A client that goes away stops its generation at the next round. `usage` carries the speculation figures under
+llama.cpp's names (`draft_n`, `draft_n_accepted`) besides the acceptance rate and mean acceptance length.
+Errors are OpenAI-shaped ({"error": {"message", "type", "param", "code"}}) with their HTTP status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import sys
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field, replace
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from .batch import MAX_SEED
+from .engine import Done, Engine, Text, Token, check_draft_len
+from .errors import SpecError
+from .prompts import check_messages, render_prompt
+from .sampling import SamplingParams
+
+FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length"}
+OWN_FIELDS = {"top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "drafter",
+              "num_draft"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), self.status, headers=self.headers)
+
+
+@dataclass
+class Job:
+    """One request's generation: built on the event loop, run on the generation thread."""
+
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop: list[str]
+    seed: int
+    drafter: str | None
+    num_draft: int | None
+    deadline: float
+    loop: asyncio.AbstractEventLoop = None
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: bool = False  # the client went away
+
+    def send(self, event) -> None:
+        """From the generation thread: an engine event, or an APIError that ends the job."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class Generator:
+    """The one thread that runs the engine: jobs in arrival order from a bounded queue."""
+
+    def __init__(self, engine: Engine, max_queue: int, default_num_draft: int | None):
+        self.engines = {engine.status().drafter: engine}  # drafter name -> engine on the same weights
+        self.default, self.default_num_draft = engine, default_num_draft
+        self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.running: tuple[Job, Engine] | None = None
+        self.closing = False
+        self.thread = threading.Thread(target=self.run, name="mlx-spec generation", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        if self.closing:
+            raise APIError(503, "the server is shutting down", kind="server_error", code="shutting_down")
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise APIError(503, f"the server is busy ({self.jobs.maxsize} requests waiting): retry later",
+                           kind="server_error", code="queue_full", headers={"Retry-After": "5"}) from None
+
+    def engine_for(self, drafter: str | None) -> Engine:
+        name = drafter or self.default.status().drafter
+        if name not in self.engines:
+            self.engines[name] = self.default.with_drafter(name)
+        return self.engines[name]
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if self.closing or job.cancelled:
+                job.send(APIError(503, "the server is shutting down", kind="server_error", code="shutting_down"))
+                continue
+            try:
+                engine = self.engine_for(job.drafter)
+                engine.pin(job.num_draft if job.num_draft is not None else self.default_num_draft)
+                self.running = (job, engine)
+                for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
+                    if job.cancelled or self.closing or time.monotonic() > job.deadline:
+                        engine.stop()  # takes effect after this round
+                    if isinstance(event, (Token, Text, Done)):
+                        job.send(event)
+            except SpecError as e:
+                job.send(APIError(400, str(e)))
+            except Exception:
+                traceback.print_exc(file=sys.stderr)
+                job.send(APIError(500, "internal error: see the server's log", kind="server_error"))
+            finally:
+                self.running = None
+
+    def shutdown(self) -> None:
+        """Fail the waiting jobs, stop the running one at its next round, end the thread."""
+        self.closing = True
+        if running := self.running:
+            running[1].stop()
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.send(APIError(503, "the server is shutting down", kind="server_error", code="shutting_down"))
+        self.jobs.put_nowait(None)
+
+
+def whole(body: dict, key: str, least: int, default=None, most: int | None = None):
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < least or (most is not None and value > most):
+        bound = f"from {least} to {most}" if most is not None else f">= {least}"
+        raise APIError(400, f"'{key}' must be a whole number {bound}, got {value!r}", key)
+    return value
+
+
+def parse_job(body: dict, chat: bool, server: "Server") -> Job:
+    """An OpenAI request body -> Job, or APIError naming the field at fault."""
+    if server.model_id != body.get("model", server.model_id):
+        raise APIError(404, f"model {body.get('model')!r} not found: this server serves {server.model_id!r} "
+                            "(GET /v1/models)", "model", "model_not_found")
+    if whole(body, "n", 1, 1) != 1:
+        raise APIError(400, "'n' must be 1: one choice per request", "n")
+    tokenizer = server.generator.default.tokenizer
+    if chat:
+        messages = body.get("messages")
+        try:
+            check_messages(messages)
+        except SpecError as e:
+            raise APIError(400, f"'messages': {e}", "messages") from None
+        prompt = render_prompt(tokenizer, messages)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            pass  # token ids
+        elif not isinstance(prompt, str) or not prompt:
+            raise APIError(400, "'prompt' must be non-empty text, a list of one text, or token ids", "prompt")
+        prompt = render_prompt(tokenizer, prompt, raw=True) if isinstance(prompt, str) else prompt
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
+        raise APIError(400, "'stop' must be a text or a list of up to 4 texts", "stop")
+    sampling = {"temperature": body.get("temperature"), "top_p": body.get("top_p"),
+                **{k: body.get(k) for k in OWN_FIELDS - {"drafter", "num_draft"}}}
+    sampling = {k: v for k, v in sampling.items() if v is not None}
+    if bad := [k for k, v in sampling.items() if isinstance(v, bool) or not isinstance(v, (int, float))]:
+        raise APIError(400, f"'{bad[0]}' must be a number", bad[0])
+    try:
+        params = replace(server.defaults, **sampling)
+    except SpecError as e:
+        raise APIError(400, str(e)) from None
+    drafter = body.get("drafter")
+    if drafter is not None and drafter not in server.generator.default.status().drafters:
+        raise APIError(400, f"'drafter' must be one of {', '.join(server.generator.default.status().drafters)}, "
+                            f"got {drafter!r}", "drafter")
+    num_draft = whole(body, "num_draft", 0)
+    if num_draft is not None:
+        try:
+            check_draft_len(num_draft)
+        except SpecError as e:
+            raise APIError(400, str(e), "num_draft") from None
+    max_tokens = whole(body, "max_completion_tokens", 1, whole(body, "max_tokens", 1, server.max_tokens))
+    seed = whole(body, "seed", 0, 0, MAX_SEED - 1)
+    return Job(prompt, params, max_tokens, stop, seed, drafter, num_draft, time.monotonic() + server.timeout)
+
+
+def usage(done: Done) -> dict:
+    s = done.stats
+    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
+            "total_tokens": s.prompt_tokens + s.generated_tokens, "drafter": s.drafter, "draft_n": s.drafted,
+            "draft_n_accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
+            "mean_acceptance_length": s.mean_acceptance_length, "decode_tps": s.decode_tps}
+
+
+class Server:
+    def __init__(self, engine: Engine, model_id: str, defaults: SamplingParams, max_tokens: int = 512,
+                 max_queue: int = 16, timeout: float = 600.0, api_key: str | None = None,
+                 num_draft: int | None = None):
+        self.model_id, self.defaults, self.max_tokens = model_id, defaults, max_tokens
+        self.timeout, self.api_key = timeout, api_key
+        self.generator = Generator(engine, max_queue, num_draft)
+        self.app = Starlette(routes=[
+            Route("/health", self.health), Route("/v1/models", self.models),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ], exception_handlers={APIError: lambda request, e: e.response(), HTTPException: self.http_error,
+                               Exception: self.internal_error})
+
+    async def http_error(self, request, e: HTTPException):
+        return APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=None).response()
+
+    async def internal_error(self, request, e: Exception):
+        traceback.print_exception(e, file=sys.stderr)
+        return APIError(500, "internal error: see the server's log", kind="server_error").response()
+
+    def authorize(self, request: Request) -> None:
+        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+
+    async def health(self, request: Request):
+        return JSONResponse({"status": "ok", "model": self.model_id, "waiting": self.generator.jobs.qsize()})
+
+    async def models(self, request: Request):
+        self.authorize(request)
+        return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model",
+                                                         "created": 0, "owned_by": "mlx-spec"}]})
+
+    async def chat_completions(self, request: Request):
+        return await self.complete(request, chat=True)
+
+    async def completions(self, request: Request):
+        return await self.complete(request, chat=False)
+
+    async def complete(self, request: Request, chat: bool):
+        self.authorize(request)
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the request body is not valid JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise APIError(400, "'stream' must be true or false", "stream")
+        options = body.get("stream_options") or {}
+        job = parse_job(body, chat, self)
+        job.loop = asyncio.get_running_loop()
+        self.generator.submit(job)
+        kind = "chat.completion" if chat else "text_completion"
+        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
+                "model": self.model_id}
+        if stream:
+            return StreamingResponse(self.chunks(job, chat, meta, options.get("include_usage", False)),
+                                     media_type="text/event-stream")
+        text = []
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(job.events.get(), 0.5)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        job.cancelled = True
+                        return JSONResponse({}, 499)
+                    continue
+                if isinstance(event, APIError):
+                    raise event
+                if isinstance(event, (Token, Text)):
+                    text.append(event.text)
+                elif isinstance(event, Done):
+                    return JSONResponse(self.final(event, "".join(text), chat, kind, meta, job))
+        finally:
+            job.cancelled = True  # nothing more will be read (a no-op once the job is done)
+
+    def final(self, done: Done, text: str, chat: bool, kind: str, meta: dict, job: Job) -> dict:
+        if done.stop_reason == "stopped":
+            raise self.stopped(job)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat else
+                  {"index": 0, "text": text})
+        choice.update({"logprobs": None, "finish_reason": FINISH_REASONS[done.stop_reason]})
+        return {**meta, "object": kind, "choices": [choice], "usage": usage(done)}
+
+    def stopped(self, job: Job) -> APIError:
+        if self.generator.closing:
+            return APIError(503, "the server is shutting down", kind="server_error", code="shutting_down")
+        return APIError(504, f"the request ran past the server's --timeout of {self.timeout:g} s",
+                        kind="server_error", code="timeout")
+
+    async def chunks(self, job: Job, chat: bool, meta: dict, include_usage: bool):
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(delta: str | None, finish: str | None = None, first: bool = False) -> str:
+            if chat:
+                content = {"role": "assistant", "content": ""} if first else {} if delta is None else {"content": delta}
+                choice = {"index": 0, "delta": content}
+            else:
+                choice = {"index": 0, "text": delta or ""}
+            choice.update({"logprobs": None, "finish_reason": finish})
+            return f"data: {json.dumps({**meta, 'object': kind, 'choices': [choice]})}\n\n"
+
+        try:
+            if chat:
+                yield chunk(None, first=True)
+            while True:
+                event = await job.events.get()
+                if isinstance(event, APIError):
+                    yield f"data: {json.dumps(event.body())}\n\n"
+                    break
+                if isinstance(event, (Token, Text)) and event.text:
+                    yield chunk(event.text)
+                elif isinstance(event, Done):
+                    if event.stop_reason == "stopped":
+                        yield f"data: {json.dumps(self.stopped(job).body())}\n\n"
+                        break
+                    yield chunk(None, FINISH_REASONS[event.stop_reason])
+                    if include_usage:
+                        yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [], 'usage': usage(event)})}\n\n"
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancelled = True  # a client that went away stops its generation at the next round
+
+
+def serve(server: Server, host: str, port: int) -> None:
+    """Run until Ctrl+C or SIGTERM; requests in flight then end with an error. After SIGTERM this returns (exit
+    status 0); after Ctrl+C uvicorn raises it again (KeyboardInterrupt: status 130, as every command)."""
+    import signal
+
+    import uvicorn
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # what uvicorn raises again once it has stopped
+
+    class Uvicorn(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            server.generator.shutdown()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(server.app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10)
+    print(f"mlx-spec: serving {server.model_id} at http://{host}:{port}/v1 (Ctrl+C stops)", file=sys.stderr,
+          flush=True)
+    Uvicorn(config).run()

@@ -1,0 +1,189 @@
+"""`mlx-spec serve`: the real server in a subprocess on a free localhost port, driven by the official `openai`
+client and by plain HTTP."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from helpers import PROMPT, run_cli
+
+KEY = "test-key"
+LONG = 100_000  # tokens: minutes of generation, cut short by the test
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(tiny, *extra) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny["qwen3"]),
+                             "--draft-model", str(tiny["qwen3-draft"]), "--port", str(port), "--api-key", KEY, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read())
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server did not start")
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    proc, url = start(tiny)
+    yield url, str(tiny["qwen3"])
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130  # Ctrl+C: as every command
+
+
+def client(url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def cli_text(tiny, *args) -> str:
+    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]),
+                   "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["text"]
+
+
+def test_chat_and_completions_through_the_openai_client(server, tiny):
+    url, model = server
+    api = client(url)
+    assert [m.id for m in api.models.list()] == [model]
+    chat = api.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=24)
+    assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].finish_reason in ("stop", "length")
+    assert chat.choices[0].message.content == cli_text(tiny, "--prompt", "hi", "--max-tokens", "24")
+    usage = chat.usage.model_dump()
+    assert usage["completion_tokens"] == 24 or chat.choices[0].finish_reason == "stop"
+    assert usage["drafter"] == "draft-model" and usage["draft_n"] >= usage["draft_n_accepted"] >= 0
+    assert {"acceptance_rate", "mean_acceptance_length"} <= set(usage)
+
+    streamed = list(api.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=24, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == chat.choices[0].message.content
+    assert streamed[-1].choices == [] and streamed[-1].usage.completion_tokens == usage["completion_tokens"]
+
+    text = api.completions.create(model=model, prompt=PROMPT, max_tokens=40, temperature=0)
+    assert text.object == "text_completion" and text.choices[0].finish_reason == "length"
+    assert text.choices[0].text == cli_text(tiny, "--prompt", PROMPT, "--raw", "--max-tokens", "40")
+    assert text.usage.model_dump()["draft_n_accepted"] > 0  # the layer-skip draft is often right here
+    pieces = list(api.completions.create(model=model, prompt=PROMPT, max_tokens=40, stream=True))
+    assert "".join(p.choices[0].text for p in pieces) == text.choices[0].text
+    sampled = api.completions.create(model=model, prompt=PROMPT, max_tokens=20, temperature=0.8, top_p=0.9, seed=3,
+                                     extra_body={"top_k": 20, "drafter": "ngram", "num_draft": 3})
+    assert sampled.usage.model_dump()["drafter"] == "ngram"
+    assert sampled.choices[0].text == api.completions.create(
+        model=model, prompt=PROMPT, max_tokens=20, temperature=0.8, top_p=0.9, seed=3,
+        extra_body={"top_k": 20, "drafter": "ngram", "num_draft": 3}).choices[0].text  # pinned: repeatable
+
+
+def test_concurrent_clients_get_their_own_answers(server):
+    url, model = server
+    api = client(url)
+    prompts = [f"{PROMPT}# {i}\n" for i in range(8)]
+
+    def ask(prompt):
+        return api.completions.create(model=model, prompt=prompt, max_tokens=12).choices[0].text
+
+    expected = [ask(p) for p in prompts]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, prompts * 3))
+    assert answers == expected * 3
+
+
+def test_a_client_that_goes_away_frees_the_server(server):
+    url, model = server
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", f"{url}/v1/completions", headers=headers, timeout=60,
+                      json={"model": model, "prompt": PROMPT, "max_tokens": LONG, "stream": True}) as response:
+        first = next(response.iter_lines())
+        assert first.startswith("data: ")
+    # the long generation stops at its next round: the next request is answered, not queued behind it
+    answer = client(url).completions.create(model=model, prompt="def f", max_tokens=4, timeout=60)
+    assert answer.usage.completion_tokens == 4
+
+
+@pytest.mark.parametrize("body,status,fragment", [
+    (b"{not json", 400, "not valid JSON"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "'n' must be 1"),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, 404, "model 'gpt-4' not found"),
+    ({"messages": "hi"}, 400, "'messages'"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "'max_tokens'"),
+    ({"messages": [{"role": "user", "content": "hi"}], "drafter": "eagle"}, 400, "'drafter' must be one of"),
+    ({"messages": [{"role": "user", "content": "hi"}], "num_draft": 99}, 400, "draft length"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "'stream'"),
+])
+def test_bad_requests_get_openai_shaped_errors(server, body, status, fragment):
+    url, _ = server
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(f"{url}/v1/chat/completions", content=content, timeout=30,
+                          headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert fragment in error["message"] and {"type", "param", "code"} <= set(error)
+
+
+def test_authentication_and_unknown_routes(server):
+    url, model = server
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+    response = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, timeout=30)
+    assert response.status_code == 401 and "API key" in response.json()["error"]["message"]
+    response = httpx.get(f"{url}/v1/nothing", timeout=30)
+    assert response.status_code == 404 and response.json()["error"]["message"]
+    assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"  # no key needed
+
+
+def test_queue_full_and_shutdown_with_requests_in_flight(tiny):
+    proc, url = start(tiny, "--max-queue", "1")
+    model, headers = str(tiny["qwen3"]), {"Authorization": f"Bearer {KEY}"}
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", headers=headers, timeout=120,
+                          json={"model": model, "prompt": PROMPT, "max_tokens": LONG, "stream": True}) as running:
+            lines = running.iter_lines()
+            assert next(lines).startswith("data: ")  # generating
+            waiting = {}
+            thread = threading.Thread(target=lambda: waiting.update(response=httpx.post(
+                f"{url}/v1/completions", headers=headers, timeout=120, json={"model": model, "prompt": "x"})))
+            thread.start()
+            while httpx.get(f"{url}/health", timeout=30).json()["waiting"] < 1:
+                time.sleep(0.1)
+            full = httpx.post(f"{url}/v1/completions", headers=headers, json={"model": model, "prompt": "y"},
+                              timeout=30)
+            assert full.status_code == 503 and full.headers["retry-after"]
+            assert "busy" in full.json()["error"]["message"]
+            proc.send_signal(signal.SIGTERM)  # shut down with one request running and one waiting
+            rest = [line for line in lines if line]
+            assert rest[-1] == "data: [DONE]" and "shutting down" in rest[-2]
+            thread.join(60)
+            assert waiting["response"].status_code == 503
+        assert proc.wait(timeout=60) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+
+
+def test_serve_refuses_bad_options(tiny):
+    proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--port", "70000")
+    assert proc.returncode == 2 and "--port must be from 0 to 65535" in proc.stderr
