@@ -114,7 +114,7 @@ def test_speculators_layout_drafts_the_same(tiny, tmp_path):
         engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(head), draft_len=3)
         results.append(engine.generate(PROMPT, max_tokens=40))
     assert results[0].tokens == results[1].tokens
-    assert results[0].stats.to_dict()["per_position_acceptance"] == results[1].stats.to_dict()["per_position_acceptance"]
+    assert results[0].stats.per_position_acceptance == results[1].stats.per_position_acceptance
 
 
 def test_converted_quantized_head_drafts_exactly(tiny, tmp_path):
