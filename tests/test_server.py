@@ -184,6 +184,20 @@ def test_queue_full_and_shutdown_with_requests_in_flight(tiny):
             os.kill(proc.pid, signal.SIGKILL)
 
 
+def test_a_request_past_the_timeout_ends_with_504(tiny):
+    proc, url = start(tiny, "--timeout", "2")
+    try:
+        response = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                              json={"prompt": PROMPT, "max_tokens": LONG})
+        assert response.status_code == 504 and "--timeout of 2 s" in response.json()["error"]["message"]
+        answer = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                            json={"prompt": PROMPT, "max_tokens": 4})
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
 def test_serve_refuses_bad_options(tiny):
     proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--port", "70000")
     assert proc.returncode == 2 and "--port must be from 0 to 65535" in proc.stderr
