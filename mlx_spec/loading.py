@@ -228,6 +228,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     elif medusa:
         chosen = load_medusa_drafter(draft_path, draft_config, target)
     elif eagle3:
+        check_memory(draft_path, None, what="EAGLE-3 head")
         text = target.config.get("text_config", target.config)
         chosen = Eagle3Drafter(load_eagle3(draft_path, draft_config, text["hidden_size"], vocab_size(target.config)),
                                target.model)

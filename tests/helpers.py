@@ -1,6 +1,7 @@
 """Shared by several test modules: references computed independently of mlx-spec's engine."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -94,6 +95,12 @@ class RandomDraftLengths:
 
     def observe(self, draft_len, accepted, seconds):
         pass
+
+
+def default_ctrl_c():
+    """In the child: Ctrl+C at its default, as in a terminal, even when this run inherited it ignored (a shell
+    starts background jobs that way), so that Python installs its own handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(*args, env=None, stdin=None):

@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from helpers import PROMPT, assert_one_line_error, run_cli
+from helpers import PROMPT, assert_one_line_error, default_ctrl_c, run_cli
 
 from mlx_spec.cli import exit_on_interrupt, main
 
@@ -96,12 +96,6 @@ def test_bench_unwritable_plot_is_refused_before_any_run(tiny, tmp_path):
     assert_one_line_error(proc, "--plot /nonexistent/x.svg", "/nonexistent does not exist")
     assert "bench:" not in proc.stderr and "runs" not in proc.stderr  # nothing loaded, nothing run
     assert time.perf_counter() - start < 60  # the whole spec suite three times over would take far longer
-
-
-def default_ctrl_c():
-    """In the child: Ctrl+C at its default, as in a terminal, even when this run inherited it ignored (a shell
-    starts background jobs that way), so that Python installs its own handler."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def interrupted(args, delay, during_output=False):

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from helpers import PROMPT, run_cli
+from helpers import PROMPT, default_ctrl_c, run_cli
 
 KEY = "test-key"
 LONG = 100_000  # tokens: minutes of generation, cut short by the test
@@ -30,7 +30,7 @@ def start(tiny, *extra) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny["qwen3"]),
                              "--draft-model", str(tiny["qwen3-draft"]), "--port", str(port), "--api-key", KEY, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
