@@ -5,7 +5,7 @@ from verified target states scores the first draft of the next round; each furth
 layer's own post-norm output. After verification the draft-time rows are dropped; the rows for the
 accepted tokens and the target's own next token are rebuilt from the target's verified hidden states when the
 next draft is asked for, in one batched forward however many rounds ran without drafting (the policy's
-"off": no MTP work per round then).
+"off": no MTP work per round then). EAGLE-3 heads keep their rows the same way (drafters/eagle3.py).
 """
 
 from __future__ import annotations
