@@ -166,7 +166,9 @@ def test_queue_full_and_shutdown_with_requests_in_flight(tiny):
             thread = threading.Thread(target=lambda: waiting.update(response=httpx.post(
                 f"{url}/v1/completions", headers=headers, timeout=120, json={"model": model, "prompt": "x"})))
             thread.start()
-            while httpx.get(f"{url}/health", timeout=30).json()["waiting"] < 1:
+            for _ in range(1200):  # until the second request waits in the queue
+                if httpx.get(f"{url}/health", timeout=30).json()["waiting"] >= 1:
+                    break
                 time.sleep(0.1)
             full = httpx.post(f"{url}/v1/completions", headers=headers, json={"model": model, "prompt": "y"},
                               timeout=30)
