@@ -33,8 +33,8 @@ from .prompts import check_messages, render_prompt
 from .sampling import SamplingParams
 
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length"}
-OWN_FIELDS = {"top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "drafter",
-              "num_draft"}
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty")  # OpenAI's two, then mlx-spec's own
 
 
 class APIError(Exception):
@@ -177,9 +177,7 @@ def parse_job(body: dict, chat: bool, server: "Server") -> Job:
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
         raise APIError(400, "'stop' must be a text or a list of up to 4 texts", "stop")
-    sampling = {"temperature": body.get("temperature"), "top_p": body.get("top_p"),
-                **{k: body.get(k) for k in OWN_FIELDS - {"drafter", "num_draft"}}}
-    sampling = {k: v for k, v in sampling.items() if v is not None}
+    sampling = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
     if bad := [k for k, v in sampling.items() if isinstance(v, bool) or not isinstance(v, (int, float))]:
         raise APIError(400, f"'{bad[0]}' must be a number", bad[0])
     try:
