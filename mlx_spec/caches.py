@@ -13,10 +13,12 @@ compacts the kept positions of such a block to the front of it.
 
 from __future__ import annotations
 
+import contextlib
+
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from .compat import set_write_index, write_index
+from .compat import positions, set_write_index, write_index
 from .errors import SpecError
 
 
@@ -32,6 +34,21 @@ class TreeMask:
             return super().make_mask(n, *args, **kwargs)
         prefix = self.offset + n - self.attend.shape[1]
         return mx.concatenate([mx.ones((n, prefix), dtype=mx.bool_), self.attend], axis=1)
+
+
+@contextlib.contextmanager
+def tree_forward(caches: list, attend, token_positions: list[int]):
+    """Within: a forward over `caches` (TreeMasks) sees what `attend` allows (see TreeMask) and places its
+    tokens at `token_positions` (rotary embeddings made positionable by `compat.positioned_ropes`)."""
+    mask = mx.array(attend)
+    for cache in caches:
+        cache.attend = mask
+    try:
+        with positions(mx.array(token_positions)):
+            yield
+    finally:
+        for cache in caches:
+            cache.attend = None
 
 
 class TreeKVCache(TreeMask, KVCache):

@@ -309,6 +309,7 @@ class Engine:
         prompt_step = self.target.prefill(context[:-1])
         if self.drafter:
             self.drafter.begin(context, prompt_step)
+        if self.tree_width > 1:
             self.drafter.width = self.next_policy.widest  # the shape asked for (a generation may have left a chain)
         timed: dict[int, list[dict]] = {}
         key = mx.random.key(0)

@@ -19,7 +19,7 @@ from .drafters.qwen_mtp import MTPDrafter
 from .engine import Engine
 from .errors import SpecError
 from .models import materialize
-from .models.eagle3 import feature_layers, flat_config, is_eagle3, load_eagle3
+from .models.eagle3 import feature_layers, is_eagle3, load_eagle3, trained_for
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.medusa import is_medusa, load_medusa
 from .models.qwen3_5 import declared_mtp_layers, lm_head, load_mtp, text_model
@@ -229,9 +229,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         chosen = load_medusa_drafter(draft_path, draft_config, target)
     elif eagle3:
         check_memory(draft_path, None, what="EAGLE-3 head")
-        text = target.config.get("text_config", target.config)
-        chosen = Eagle3Drafter(load_eagle3(draft_path, draft_config, text["hidden_size"], vocab_size(target.config)),
-                               target.model)
+        chosen = Eagle3Drafter(load_eagle3(draft_path, draft_config), target.model)  # paired: eagle3_features
     elif drafter == "draft-model":
         check_memory(draft_path, None, what="draft model")
         draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
@@ -296,8 +294,7 @@ def eagle3_features(path: Path, config: dict, target: LoadedTarget) -> list[int]
     """The target layers an EAGLE-3 head reads, after checking that the head was trained for this target."""
     text = target.config.get("text_config", target.config)
     layers, hidden = text["num_hidden_layers"], text["hidden_size"]
-    flat = flat_config(config)
-    trained_hidden, vocab = flat.get("target_hidden_size", flat.get("hidden_size")), flat.get("vocab_size")
+    trained_hidden, vocab = trained_for(config)
     features = feature_layers(config, layers)
     if trained_hidden != hidden or vocab != vocab_size(target.config) or max(features) >= layers:
         raise SpecError(f"the EAGLE-3 head {path} (target hidden size {trained_hidden}, vocabulary {vocab}, "

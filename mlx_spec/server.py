@@ -168,10 +168,13 @@ def parse_job(body: dict, chat: bool, server: "Server") -> Job:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        vocab = len(tokenizer.get_vocab())
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                       and 0 <= t < vocab for t in prompt):
             pass  # token ids
         elif not isinstance(prompt, str) or not prompt:
-            raise APIError(400, "'prompt' must be non-empty text, a list of one text, or token ids", "prompt")
+            raise APIError(400, f"'prompt' must be non-empty text, a list of one text, or token ids (0 to {vocab - 1})",
+                           "prompt")
         prompt = render_prompt(tokenizer, prompt, raw=True) if isinstance(prompt, str) else prompt
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop

@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import compat
-from .caches import RecurrentCache, keep, make_caches, rollback, trimmable, unsupported_cache
+from .caches import RecurrentCache, keep, make_caches, rollback, tree_forward, trimmable, unsupported_cache
 from .errors import SpecError
 from .models import qwen3_5
 
@@ -112,14 +112,8 @@ class Target:
         else:
             if not self.tree_ready and (problem := self.tree_problem()):
                 raise SpecError(f"this model cannot verify a token tree: {problem}")
-            for cache in self.cache:
-                cache.attend = mx.array(attend)
-            try:
-                with compat.positions(mx.array(positions)):
-                    logits = self.model(tokens[None], cache=self.cache)[0]
-            finally:
-                for cache in self.cache:
-                    cache.attend = None
+            with tree_forward(self.cache, attend, positions):
+                logits = self.model(tokens[None], cache=self.cache)[0]
         return Step(logits, self.read_hidden() if self.read_hidden else None)
 
     def reusable(self, cached: list[int], tokens: list[int]) -> int:

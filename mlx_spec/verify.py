@@ -55,10 +55,10 @@ def verify(draft_tokens: mx.array, q: mx.array | None, p: mx.array, key: mx.arra
 def verify_tree(draft: Draft, logits: mx.array, params: SamplingParams, history: list[int],
                 key: mx.array) -> tuple[list[int], list[int]]:
     """The target's verdict on a token tree from its logits over [last, *nodes]: (the accepted path as node
-    indices, the tokens to emit: the path's and the next one). At each node of the path, with p' = the target's distribution there, each child x
-    in turn is accepted with probability p'(x), else removed from p' (zeroed, renormalised); when none is
-    accepted, the next token is drawn from p'. The emitted tokens follow the target's distribution exactly;
-    greedy parameters make it "follow the child equal to the argmax"."""
+    indices, the tokens to emit: the path's and the next one). At each node of the path, with p' = the target's
+    distribution there, each child x in turn is accepted with probability p'(x), else removed from p' (zeroed,
+    renormalised); when none is accepted, the next token is drawn from p'. The emitted tokens follow the
+    target's distribution exactly; greedy parameters make it "follow the child equal to the argmax"."""
     tokens = draft.tokens.tolist()
     children: dict[int, list[int]] = {}
     for node, parent in enumerate(draft.parents):

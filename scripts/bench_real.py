@@ -5,7 +5,8 @@ scripts/real_models.py), every contender interleaved in one process, greedy, eac
 
 After one untimed pass of every contender, in rounds: mlx-lm's plain `generate_step` (the baseline); mlx-spec with
 drafting off; at each k, mlx-lm's `speculative_generate_step` and mlx-spec's draft model pinned at k; the draft
-model and n-gram under the adaptive policy; the draft model drafting token trees of each width, adaptive.
+model and n-gram under the adaptive policy; the draft model with trees of each width allowed (the adaptive
+policy chooses chain or tree each round).
 Prints the median and spread (max - min over median, the worst prompt's) of decode tok/s per contender (every
 contender timed alike, from its first token to its last), the ratio to the baseline, acceptance, whether every
 greedy output equals plain decoding, mlx-spec over mlx-lm at each k, and whether the machine was quiet enough
@@ -68,7 +69,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--ks", default="1,2,3,4,5,6", help="draft lengths to measure, pinned, in both engines")
-    parser.add_argument("--widths", default="2,3", help="token-tree widths to measure (adaptive depth)")
+    parser.add_argument("--widths", default="2,3", help="token-tree widths to allow (adaptive length and shape)")
     parser.add_argument("--temp", type=float, default=0.0, help="temperature (top-p 0.9 when > 0)")
     args = parser.parse_args()
     target_dir, draft_dir = (real_models.mlx_dir(n) for n in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"))
@@ -88,7 +89,7 @@ def main() -> int:
     engines.update({"mlx-spec draft adaptive": (draft_engine, None), "mlx-spec ngram adaptive": (ngram, None)})
     for width in (int(w) for w in args.widths.split(",") if w):  # trees on the same weights
         drafter = DraftModelDrafter(draft_model, draft_engine.drafter.vocab_size, width=width)
-        engines[f"mlx-spec tree w={width} adaptive"] = (Engine(Target(model), draft_engine.tokenizer, drafter, None,
+        engines[f"mlx-spec chain or tree w={width} adaptive"] = (Engine(Target(model), draft_engine.tokenizer, drafter, None,
                                                                draft_engine.max_draft_len), None)
     for engine, _ in engines.values():
         engine.tokenizer.eos_token_ids = []  # every contender makes exactly n tokens

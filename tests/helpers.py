@@ -1,6 +1,8 @@
 """Shared by several test modules: references computed independently of mlx-spec's engine."""
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +12,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.utils import load
+from safetensors.numpy import load_file, save_file
 
 from mlx_spec.drafters import Draft
 from mlx_spec.policy import AdaptiveDraftLength
@@ -101,6 +104,29 @@ def default_ctrl_c():
     """In the child: Ctrl+C at its default, as in a terminal, even when this run inherited it ignored (a shell
     starts background jobs that way), so that Python installs its own handler."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def edited_copy(source, dest, edit, weights: str = "model.safetensors"):
+    """A copy of the checkpoint `source` at `dest` whose `weights` file went through `edit(dict) -> dict`."""
+    shutil.copytree(source, dest)
+    save_file(edit(load_file(str(dest / weights))), str(dest / weights))
+    return dest
+
+
+def pickled_only(source, dest, pickle: str):
+    """`source`'s config.json beside a PyTorch pickle named `pickle`: a head published without safetensors."""
+    dest.mkdir()
+    shutil.copy(source / "config.json", dest)
+    (dest / pickle).write_bytes(b"not read")
+    return dest
+
+
+def converted_q8(source, out) -> dict:
+    """`mlx-spec convert -q` of `source` into `out` at 8 bits, groups of 32; the config it wrote."""
+    proc = run_cli("convert", "--hf-path", str(source), "--mlx-path", str(out), "-q", "--q-bits", "8",
+                   "--q-group-size", "32")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads((out / "config.json").read_text())
 
 
 def run_cli(*args, env=None, stdin=None):

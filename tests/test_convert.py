@@ -5,7 +5,7 @@ import shutil
 
 import mlx_lm
 import pytest
-from helpers import PROMPT, plain_greedy
+from helpers import PROMPT, converted_q8, plain_greedy
 from safetensors.numpy import load_file, save_file
 from test_cli import assert_one_line_error, run_cli
 
@@ -33,10 +33,7 @@ def test_float_round_trip_keeps_mtp_and_loads_everywhere(tiny, tmp_path, family)
 
 def test_quantized_round_trip(tiny, tmp_path):
     out = tmp_path / "q8"
-    proc = run_cli("convert", "--hf-path", str(tiny["qwen3_5"]), "--mlx-path", str(out), "-q", "--q-bits", "8",
-                   "--q-group-size", "32")
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads((out / "config.json").read_text())["mtp_quantization"] == {"group_size": 32, "bits": 8}
+    assert converted_q8(tiny["qwen3_5"], out)["mtp_quantization"] == {"group_size": 32, "bits": 8}
     engine = mlx_spec.load(str(out))
     assert type(engine.drafter.mtp.fc).__name__ == "QuantizedLinear"
     ids = engine.encode(PROMPT)

@@ -1,12 +1,11 @@
 """EAGLE-3 heads: the published checkpoint layout, the head's equations, exact drafting in chains and trees."""
 
 import json
-import shutil
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
+from helpers import PROMPT, assert_one_line_error, converted_q8, edited_copy, pickled_only, plain_greedy, run_cli
 from safetensors.numpy import load_file
 
 import mlx_spec
@@ -67,7 +66,7 @@ def test_head_matches_a_numpy_transcription(tiny):
     config = json.loads((path / "config.json").read_text())
     weights = load_file(str(path / "model.safetensors"))
     embed = load_file(str(tiny["qwen3"] / "model.safetensors"))["model.embed_tokens.weight"].astype(np.float64)
-    head = load_eagle3(path, config, target_hidden=config["hidden_size"], vocab=config["vocab_size"])
+    head = load_eagle3(path, config)
     assert config["draft_vocab_size"] < config["vocab_size"]  # the reduced vocabulary is exercised
     rng = np.random.default_rng(0)
     features = rng.standard_normal((5, 3 * config["hidden_size"]))
@@ -119,10 +118,7 @@ def test_speculators_layout_drafts_the_same(tiny, tmp_path):
 
 def test_converted_quantized_head_drafts_exactly(tiny, tmp_path):
     out = tmp_path / "q8"
-    proc = run_cli("convert", "--hf-path", str(tiny["qwen3-eagle3"]), "--mlx-path", str(out), "-q", "--q-bits", "8",
-                   "--q-group-size", "32")
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads((out / "config.json").read_text())["quantization"] == {"group_size": 32, "bits": 8}
+    assert converted_q8(tiny["qwen3-eagle3"], out)["quantization"] == {"group_size": 32, "bits": 8}
     engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(out), draft_len=3)
     assert type(engine.drafter.mtp.fc).__name__ == "QuantizedLinear"
     ids = engine.encode(PROMPT)
@@ -142,16 +138,10 @@ def test_eagle3_refusals(tiny, tmp_path):
     proc = run_cli("generate", "--model", str(tiny["llama"]), "--draft-model", str(tiny["qwen3-eagle3"]),
                    "--prompt", "hi")  # the llama target has 3 layers: the head reads layer 3's input
     assert_one_line_error(proc, "EAGLE-3 head", "was not trained for", "use the head published for this target")
-    pickled = tmp_path / "pickled"
-    pickled.mkdir()
-    shutil.copy(tiny["qwen3-eagle3"] / "config.json", pickled)
-    (pickled / "pytorch_model.bin").write_bytes(b"not read")
+    pickled = pickled_only(tiny["qwen3-eagle3"], tmp_path / "pickled", "pytorch_model.bin")
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(pickled), "--prompt", "hi")
     assert_one_line_error(proc, "pytorch_model.bin", "model.safetensors")
-    no_map = tmp_path / "no-map"
-    shutil.copytree(tiny["qwen3-eagle3"], no_map)
-    weights = load_file(str(no_map / "model.safetensors"))
-    del weights["d2t"]
-    mx.save_safetensors(str(no_map / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()})
+    no_map = edited_copy(tiny["qwen3-eagle3"], tmp_path / "no-map",
+                         lambda weights: {k: v for k, v in weights.items() if k != "d2t"})
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(no_map), "--prompt", "hi")
     assert_one_line_error(proc, "needs a d2t map")

@@ -1,11 +1,10 @@
 """Medusa heads: the published checkpoint layout, the heads' equations, exact drafting in chains and trees."""
 
 import json
-import shutil
 
 import numpy as np
 import pytest
-from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
+from helpers import PROMPT, assert_one_line_error, edited_copy, pickled_only, plain_greedy, run_cli
 from safetensors.numpy import load_file
 
 import mlx.core as mx
@@ -59,16 +58,13 @@ def test_medusa_refusals(tiny, tmp_path):
     proc = run_cli("generate", "--model", str(tiny["other-vocab"]), "--draft-model", str(tiny["qwen3-medusa"]),
                    "--prompt", "hi")
     assert_one_line_error(proc, "Medusa heads", "were trained for", "use heads trained for this target")
-    pickled = tmp_path / "pickled"
-    pickled.mkdir()
-    shutil.copy(tiny["qwen3-medusa"] / "config.json", pickled)
-    (pickled / "medusa_lm_head.pt").write_bytes(b"not read")
+    pickled = pickled_only(tiny["qwen3-medusa"], tmp_path / "pickled", "medusa_lm_head.pt")
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(pickled), "--prompt", "hi")
     assert_one_line_error(proc, "medusa_lm_head.pt", "safetensors")
-    other = tmp_path / "other-layout"
-    shutil.copytree(tiny["qwen3-medusa"], other)
-    weights = load_file(str(other / WEIGHTS))
-    weights["lm_heads.0.weight"] = weights.pop("0.1.weight")  # another project's naming
-    mx.save_safetensors(str(other / WEIGHTS), {k: mx.array(v) for k, v in weights.items()})
+
+    def rename(weights):  # another project's naming
+        weights["lm_heads.0.weight"] = weights.pop("0.1.weight")
+        return weights
+    other = edited_copy(tiny["qwen3-medusa"], tmp_path / "other-layout", rename, WEIGHTS)
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(other), "--prompt", "hi")
     assert_one_line_error(proc, "unexpected tensor 'lm_heads.0.weight'", "FasterDecoding/Medusa layout")

@@ -6,7 +6,7 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, plain_greedy
+from helpers import PROMPT, edited_copy, plain_greedy
 from safetensors.numpy import load_file
 
 import mlx_spec
@@ -143,13 +143,8 @@ def test_hidden_tap_is_the_tensor_the_head_scores(tiny):
 
 
 def test_stripped_checkpoint_is_named_with_the_repair_command(tiny, tmp_path):
-    import shutil
-
-    from safetensors.numpy import save_file
-
-    stripped = shutil.copytree(tiny["qwen3_5"], tmp_path / "stripped")
-    weights = load_file(str(stripped / "model.safetensors"))
-    save_file({k: v for k, v in weights.items() if not k.startswith("mtp.")}, str(stripped / "model.safetensors"))
+    stripped = edited_copy(tiny["qwen3_5"], tmp_path / "stripped",
+                           lambda weights: {k: v for k, v in weights.items() if not k.startswith("mtp.")})
     with pytest.raises(SpecError, match="stripped.*mlx-spec convert --add-mtp"):
         mlx_spec.load(str(stripped))
     assert mlx_spec.load(str(stripped), drafter="ngram").drafter.name == "ngram"

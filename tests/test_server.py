@@ -143,6 +143,14 @@ def test_bad_requests_get_openai_shaped_errors(server, body, status, fragment):
     assert fragment in error["message"] and {"type", "param", "code"} <= set(error)
 
 
+@pytest.mark.parametrize("prompt", [[1, 2, 10**9], [-1], [], ""])
+def test_bad_completion_prompts_get_400(server, prompt):
+    url, _ = server
+    response = httpx.post(f"{url}/v1/completions", json={"prompt": prompt}, timeout=30,
+                          headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+
+
 def test_authentication_and_unknown_routes(server):
     url, model = server
     with pytest.raises(openai.AuthenticationError):

@@ -127,7 +127,7 @@ def build_eagle3(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
     from safetensors.numpy import save_file
 
     from mlx_spec import compat
-    from mlx_spec.caches import TreeKVCache
+    from mlx_spec.caches import TreeKVCache, tree_forward
     from mlx_spec.models.eagle3 import Eagle3, feature_layers as default_layers
 
     mx.random.seed(seed)
@@ -145,7 +145,7 @@ def build_eagle3(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
     to_draft = np.full(vocab, -1)
     to_draft[kept] = np.arange(draft_vocab)
     rows = [(features, embeddings, mx.array(to_draft[np.array(labels)])) for features, embeddings, labels in rows]
-    head = Eagle3(config, target_config["hidden_size"], vocab, own_embedding=False)
+    head = Eagle3(config, own_embedding=False)
     mx.eval(rows, head.parameters())
 
     compat.positioned_ropes(head)
@@ -161,8 +161,7 @@ def build_eagle3(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
             attend = np.zeros((n, 2 * n), dtype=bool)
             attend[:, :n] = np.tri(n, dtype=bool)
             attend[np.arange(n), n + np.arange(n)] = True
-            cache[0].attend = mx.array(attend)
-            with compat.positions(mx.arange(1, n + 1)):
+            with tree_forward(cache, attend, list(range(1, n + 1))):
                 g2 = head(embeddings[None, 1:], g[None], cache)[0]
             for out, wanted in ((g, labels[:n]), (g2, labels[1:])):
                 known = wanted >= 0  # targets outside the draft vocabulary cannot be learnt

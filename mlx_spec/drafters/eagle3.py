@@ -12,6 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .. import compat
+from ..caches import tree_forward
 from ..models.eagle3 import Eagle3
 from ..sampling import SamplingParams
 from . import Draft, grow_tree
@@ -39,12 +40,8 @@ class Eagle3Drafter(MTPDrafter):
         def score(nodes, tokens, parents, attend, level):
             self.draft_rows += len(nodes)
             hidden = mx.concatenate([hidden_of[parents[n]] for n in nodes])
-            self.caches[0].attend = mx.array(attend)
-            try:
-                with compat.positions(mx.array([position + level] * len(nodes))):
-                    g = self.mtp(self.embed(mx.array([tokens[n] for n in nodes]))[None], hidden[None], self.caches)[0]
-            finally:
-                self.caches[0].attend = None
+            with tree_forward(self.caches, attend, [position + level] * len(nodes)):
+                g = self.mtp(self.embed(mx.array([tokens[n] for n in nodes]))[None], hidden[None], self.caches)[0]
             hidden_of.update({n: g[i:i + 1] for i, n in enumerate(nodes)})
             return self.head(g)
 

@@ -46,6 +46,12 @@ def flat_config(config: dict) -> dict:
     return flat
 
 
+def trained_for(config: dict) -> tuple[int, int]:
+    """(hidden size, vocabulary) of the target the head was trained on."""
+    flat = flat_config(config)
+    return flat.get("target_hidden_size", flat["hidden_size"]), flat["vocab_size"]
+
+
 def feature_layers(config: dict, target_layers: int) -> list[int]:
     """The target layers whose inputs the head reads (low, mid, high)."""
     ids = (flat_config(config).get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -71,10 +77,11 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3(nn.Module):
-    def __init__(self, config: dict, target_hidden: int, vocab: int, own_embedding: bool):
+    def __init__(self, config: dict, own_embedding: bool):
+        """config: the EAGLE-repository form (`flat_config`)."""
         super().__init__()
-        h = config["hidden_size"]
-        self.fc = nn.Linear(3 * config.get("target_hidden_size", target_hidden), h, bias=False)
+        h, (target_hidden, vocab) = config["hidden_size"], trained_for(config)
+        self.fc = nn.Linear(3 * target_hidden, h, bias=False)
         self.midlayer = Eagle3Layer(config)
         self.norm = nn.RMSNorm(h, eps=config["rms_norm_eps"])
         self.draft_vocab = config.get("draft_vocab_size") or vocab
@@ -124,18 +131,16 @@ def read_weights(path: Path) -> dict:
     return weights
 
 
-def load_eagle3(path: Path, config: dict, target_hidden: int | None = None, vocab: int | None = None) -> Eagle3:
-    """The head in `path`; `target_hidden` and `vocab` default to what its config says."""
+def load_eagle3(path: Path, config: dict) -> Eagle3:
+    """The head in `path` (`config`: its config.json, either form)."""
     config = flat_config(config)
-    target_hidden = target_hidden or config.get("target_hidden_size", config["hidden_size"])
-    vocab = vocab or config["vocab_size"]
     if config.get("norm_before_fc"):
         raise SpecError(f"{path}: heads with norm_before_fc are not supported yet: use a head without it")
     weights = read_weights(path)
     d2t = weights.pop("d2t", None)
     weights.pop("t2d", None)
     weights = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in weights.items()}
-    head = Eagle3(config, target_hidden, vocab, "embed_tokens.weight" in weights)
+    head = Eagle3(config, "embed_tokens.weight" in weights)
     if quantization := config.get("quantization"):
         nn.quantize(head, group_size=quantization["group_size"], bits=quantization["bits"])
     try:
@@ -143,7 +148,7 @@ def load_eagle3(path: Path, config: dict, target_hidden: int | None = None, voca
     except ValueError as e:
         raise SpecError(f"{path}: the weights do not fit the EAGLE-3 head its config.json describes ({e}): "
                         "re-download the head") from None
-    if head.draft_vocab != vocab:
+    if head.draft_vocab != trained_for(config)[1]:
         if d2t is None or d2t.shape != (head.draft_vocab,):
             raise SpecError(f"{path}: a draft vocabulary of {head.draft_vocab} tokens needs a d2t map of that "
                             "length: re-download the head")
