@@ -39,25 +39,32 @@ from .errors import SpecError  # noqa: E402
 FLAG_NAMES = {"temperature": "temp"}  # SamplingParams fields whose flag is named otherwise
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The flags that choose what to load; returns them."""
     from .drafters import DEFAULT_ORDER, DRAFTERS
 
-    parser.add_argument("--model", help="model directory, models.toml name or hub id (default: built-in demo)")
-    parser.add_argument("--draft-model", help="a smaller model of the same vocabulary to draft with")
-    parser.add_argument("--drafter", choices=list(DRAFTERS),
-                        help="; ".join(f"{k.name}: {k.help}" for k in DRAFTERS.values()) + f" (default: {DEFAULT_ORDER})")
-    parser.add_argument("--num-draft", type=int,
-                        help="pin the tokens drafted per round (default: adaptive, from 0 = plain decoding up to "
-                             "the models.toml recommendation, else " +
-                             ", ".join(f"{k.name} {k.max_draft_len}" for k in DRAFTERS.values() if k.max_draft_len)
-                             + ")")
-    parser.add_argument("--tree-width", type=int, default=1,
-                        help="draft token trees with this many nodes per level (draft model only; default 1: a "
-                             "chain)")
-    parser.add_argument("--mtp-hidden", choices=["post", "pre"], default="post",
-                        help="target hidden state fed to the MTP layer: after (default) or before the final norm")
-    parser.add_argument("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
-    parser.add_argument("--kv-group-size", type=int, default=64, choices=[32, 64, 128])
+    actions = []
+
+    def add(*flags, **kwargs):
+        actions.append(parser.add_argument(*flags, **kwargs))
+
+    add("--model", help="model directory, models.toml name or hub id (default: built-in demo)")
+    add("--draft-model", help="a smaller model of the same vocabulary to draft with")
+    add("--drafter", choices=list(DRAFTERS),
+        help="; ".join(f"{k.name}: {k.help}" for k in DRAFTERS.values()) + f" (default: {DEFAULT_ORDER})")
+    add("--num-draft", type=int,
+        help="pin the tokens drafted per round (default: adaptive, from 0 = plain decoding up to "
+             "the models.toml recommendation, else " +
+             ", ".join(f"{k.name} {k.max_draft_len}" for k in DRAFTERS.values() if k.max_draft_len)
+             + ")")
+    add("--tree-width", type=int, default=1,
+        help="draft token trees with this many nodes per level (draft model only; default 1: a "
+             "chain)")
+    add("--mtp-hidden", choices=["post", "pre"], default="post",
+        help="target hidden state fed to the MTP layer: after (default) or before the final norm")
+    add("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
+    add("--kv-group-size", type=int, default=64, choices=[32, 64, 128])
+    return actions
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -73,8 +80,9 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def sampling_params(args):
-    """The sampling the user asked for, the rest from the model's recommendation and the defaults."""
+def sampling_params(args, defaults: dict | None = None):
+    """The sampling the user asked for, the rest from `defaults` (else the model's recommendation) and
+    SamplingParams' own."""
     from dataclasses import fields
 
     from .loading import model_entry
@@ -82,9 +90,10 @@ def sampling_params(args):
 
     if not 0 <= args.seed < 2**64:  # what mx.random.key takes
         raise SpecError(f"--seed must be a whole number from 0 to 2**64 - 1, got {args.seed}")
-    recommended = model_entry(args.model).get("sampling", {})  # keys: SamplingParams fields
+    if defaults is None:
+        defaults = model_entry(args.model).get("sampling", {})  # keys: SamplingParams fields
     given = {f.name: getattr(args, FLAG_NAMES.get(f.name, f.name)) for f in fields(SamplingParams)}
-    return SamplingParams(**{**recommended, **{k: v for k, v in given.items() if v is not None}})
+    return SamplingParams(**{**defaults, **{k: v for k, v in given.items() if v is not None}})
 
 
 def model_notice(model: str | None) -> str:
@@ -216,10 +225,32 @@ def bench(args) -> int:
 def chat(args) -> int:
     from .tui.app import ChatApp
 
+    if args.server:
+        return remote_chat(args)
     params = sampling_params(args)
     engine = load_engine(args)
     notice = model_notice(args.model)
     ChatApp(engine, params, args.max_tokens, args.model or "built-in demo model", notice=notice).run()
+    return 0
+
+
+def remote_chat(args) -> int:
+    """The chat on a running `mlx-spec serve`: its model and drafters, this terminal's sampling flags."""
+    from dataclasses import asdict
+
+    from .client import RemoteEngine
+    from .tui.app import ChatApp
+
+    given = [a.option_strings[0] for a in args.model_flags if getattr(args, a.dest) != a.default]
+    if given:
+        raise SpecError(f"{given[0]} chooses what the server loads, not the chat: drop it (the server's own "
+                        "flags decide; F8 switches among its drafters)")
+    engine = RemoteEngine(args.server, args.api_key)
+    params = sampling_params(args, asdict(engine.sampling))
+    status = engine.status()
+    print(f"connected to {engine.url}: {engine.model}, drafter {status.drafter}, {status.policy}", file=sys.stderr)
+    ChatApp(engine, params, args.max_tokens, f"{engine.model} at {engine.url}", memory_report=RemoteEngine.memory,
+            notice=f"served by {engine.url}: {engine.model}").run()
     return 0
 
 
@@ -256,9 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=generate)
 
     cha = commands.add_parser("chat", help="a terminal chat that shows speculation working")
-    add_model_args(cha)
+    cha.set_defaults(model_flags=add_model_args(cha))
     add_sampling_args(cha)
     cha.add_argument("--max-tokens", type=int, default=512)
+    cha.add_argument("--server", help="talk to a running `mlx-spec serve` at this address (e.g. "
+                                      "http://127.0.0.1:8080) instead of loading a model here")
+    cha.add_argument("--api-key", default=os.environ.get("MLX_SPEC_API_KEY"),
+                     help="the server's key (default: $MLX_SPEC_API_KEY)")
     cha.set_defaults(run=chat)
 
     ben = commands.add_parser("bench", help="measure whether speculation pays here, per kind of work")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
 import mlx.core as mx
@@ -18,7 +18,7 @@ from .draft import Draft
 from .drafters import Drafter, shape
 from .errors import SpecError
 from .policy import AdaptiveDraftLength, FixedDraftLength
-from .prompts import render_prompt
+from .prompts import prompt_text, render_prompt
 from .sampling import SamplingParams
 from .stats import Stats
 from .target import MAX_DRAFT_LEN, Target
@@ -52,6 +52,21 @@ class Done:
     text: str
     tokens: list[int]
     stats: Stats
+
+
+EVENTS = {"token": Token, "text": Text, "round": Round, "done": Done}
+
+
+def event_to_dict(event: Token | Text | Round | Done) -> dict:
+    """An event as JSON can carry it ({"type": "token", ...}); `event_from_dict` reads it back."""
+    return {"type": next(name for name, kind in EVENTS.items() if isinstance(event, kind)), **asdict(event)}
+
+
+def event_from_dict(data: dict) -> Token | Text | Round | Done:
+    fields = {k: v for k, v in data.items() if k != "type"}
+    if data["type"] == "done":
+        fields["stats"] = Stats(**fields["stats"])
+    return EVENTS[data["type"]](**fields)
 
 
 @dataclass
@@ -101,6 +116,14 @@ class RoundCosts:
 def check_draft_len(n: int | None) -> None:
     if n is not None and not (isinstance(n, int) and 0 <= n <= MAX_DRAFT_LEN):
         raise SpecError(f"draft length must be between 0 and {MAX_DRAFT_LEN}, got {n}")
+
+
+def draft_policy(draft_len: int | None, max_draft_len: int, tree_width: int = 1):
+    """What `Engine.pin(draft_len)` sets: a pinned length (0: off), or None: the adaptive policy, which also
+    tries chains when the drafter drafts trees."""
+    if draft_len is None:
+        return AdaptiveDraftLength(max_draft_len, widths=tuple(sorted({1, tree_width})))
+    return FixedDraftLength(draft_len, tree_width)
 
 
 class TextStream:
@@ -153,6 +176,7 @@ class Engine:
         self.tree_width = getattr(drafter, "width", 1)  # > 1: the drafter drafts trees, a round's width chosen by
         # the policy (the adaptive one also tries chains)
         self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
+        self.conversation: tuple[str, list[int]] = ("", [])  # the last chat answered, as text and as tokens
         self.stop_requested = False
         self.pin(draft_len)
         self.policy = self.next_policy
@@ -166,12 +190,7 @@ class Engine:
         if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= self.tree_width:
             raise SpecError(f"tree width must be from 1 to {self.tree_width} (the width this engine's drafter was "
                             f"loaded with, --tree-width), got {tree_width!r}")
-        if not self.drafter:
-            self.next_policy = FixedDraftLength(0)
-        elif draft_len is None:
-            self.next_policy = AdaptiveDraftLength(self.max_draft_len, widths=tuple(sorted({1, width})))
-        else:
-            self.next_policy = FixedDraftLength(draft_len, width)
+        self.next_policy = draft_policy(draft_len if self.drafter else 0, self.max_draft_len, width)
 
     def stop(self) -> None:
         """End the running generation after the current round, with stop reason "stopped" and its statistics."""
@@ -193,11 +212,23 @@ class Engine:
 
     def encode(self, prompt: str | list[int] | list[dict]) -> list[int]:
         """Token ids: a text as it is (no chat template), ids unchanged, a chat through the chat template."""
+        return self.encode_chat(prompt)[0]
+
+    def encode_chat(self, prompt: str | list[int] | list[dict]) -> tuple[list[int], str | None]:
+        """(token ids, the rendered chat or None). A chat that extends the last one this engine answered keeps
+        that one's tokens exactly as they were prefilled and generated (text re-encoded may split differently),
+        so the cache serves all of them."""
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             if not prompt:
                 raise SpecError("the prompt is empty: give some text to continue")
-            return list(prompt)
-        return render_prompt(self.tokenizer, prompt, raw=isinstance(prompt, str))
+            return list(prompt), None
+        if isinstance(prompt, list):
+            rendered, templated = prompt_text(self.tokenizer, prompt)
+            said, ids = self.conversation
+            if templated and ids and rendered.startswith(said):
+                return ids + self.tokenizer.encode(rendered[len(said):], add_special_tokens=False), rendered
+            return render_prompt(self.tokenizer, prompt), rendered if templated else None
+        return render_prompt(self.tokenizer, prompt, raw=True), None
 
     def stream(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                max_tokens: int = 256, stop: list[str] = (), seed: int = 0) -> Iterator[Token | Text | Round | Done]:
@@ -205,7 +236,8 @@ class Engine:
             raise SpecError(f"max_tokens must be >= 1 (a whole number), got {max_tokens!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise SpecError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
-        context = self.encode(prompt)
+        context, chat = self.encode_chat(prompt)
+        prompt_ids, self.conversation = list(context), ("", [])
         self.stop_requested = False
         self.policy = self.next_policy
         stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
@@ -260,6 +292,8 @@ class Engine:
         stats.generated_tokens = len(generated)
         stats.policy = self.policy.note
         stats.record_memory()
+        if chat is not None and stop_reason != "stop_string":  # tokens past a stop string are not in the text
+            self.conversation = (chat + text.text, prompt_ids + generated[: len(generated) - (stop_reason == "eos")])
         yield Done(stop_reason, text.text, generated, stats)
 
     def speculate_round(self, context: list[int], draft_len: int, params: SamplingParams, key: mx.array,
@@ -327,9 +361,15 @@ class Engine:
 
     def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, stop: list[str] = (), seed: int = 0) -> Result:
-        from_draft = []
-        for event in self.stream(prompt, params, max_tokens, stop, seed):
-            if isinstance(event, Token):
-                from_draft.append(event.from_draft)
-            elif isinstance(event, Done):
-                return Result(event.text, event.tokens, event.stop_reason, event.stats, from_draft)
+        return collect(self.stream(prompt, params, max_tokens, stop, seed))
+
+
+def collect(events: Iterator[Token | Text | Round | Done]) -> Result:
+    """A whole generation from its events."""
+    from_draft = []
+    for event in events:
+        if isinstance(event, Token):
+            from_draft.append(event.from_draft)
+        elif isinstance(event, Done):
+            return Result(event.text, event.tokens, event.stop_reason, event.stats, from_draft)
+    raise SpecError("the generation ended without its last event")

@@ -6,6 +6,11 @@ thread, which owns every MLX array; a request that extends the previous conversa
 A client that goes away stops its generation at the next round. `usage` carries the speculation figures under
 llama.cpp's names (`draft_n`, `draft_n_accepted`) besides the acceptance rate and mean acceptance length.
 Errors are OpenAI-shaped ({"error": {"message", "type", "param", "code"}}) with their HTTP status.
+
+mlx-spec's own routes serve `mlx-spec chat --server` (mlx_spec.client): `GET /mlx-spec/v1/status` (a drafter's
+status, the server's default sampling and memory), `POST /mlx-spec/v1/generate` (the engine's own events, rounds
+included, as server-sent events) and `POST /mlx-spec/v1/jobs/{id}` (pin the draft length or stop a generation
+from its next round).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -26,15 +31,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from . import memory
 from .batch import MAX_SEED
-from .engine import Done, Engine, Text, Token, check_draft_len
+from .engine import Done, Engine, Round, Text, Token, check_draft_len, event_to_dict
 from .errors import SpecError
 from .prompts import check_messages, render_prompt
 from .sampling import SamplingParams
 
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length"}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty")  # OpenAI's two, then mlx-spec's own
+                   "frequency_penalty", "penalty_window")  # OpenAI's two, then mlx-spec's own
 
 
 class APIError(Exception):
@@ -55,30 +61,50 @@ class APIError(Exception):
 class Job:
     """One request's generation: built on the event loop, run on the generation thread."""
 
-    prompt: list[int]
+    prompt: list[int] | list[dict]  # token ids, or a chat (the engine keeps the tokens of the one before)
     params: SamplingParams
     max_tokens: int
     stop: list[str]
     seed: int
     drafter: str | None
-    num_draft: int | None
+    draft_len: int | None  # pinned drafts per round, None: the adaptive policy
     deadline: float
+    native: bool = False  # mlx-spec's own stream: rounds too, and a memory report before the end
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     loop: asyncio.AbstractEventLoop = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False  # the client went away
+    stop_requested: bool = False  # the client asked to stop: it ends as "stopped", with its statistics
 
     def send(self, event) -> None:
         """From the generation thread: an engine event, or an APIError that ends the job."""
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
+@dataclass
+class Call:
+    """Something other than a generation that must run on the generation thread (it touches MLX arrays)."""
+
+    run: callable
+    loop: asyncio.AbstractEventLoop
+    result: asyncio.Future
+    id: str = ""
+    cancelled: bool = False
+
+    def send(self, outcome) -> None:
+        """From the generation thread: the value, or an APIError."""
+        done = self.result.set_exception if isinstance(outcome, APIError) else self.result.set_result
+        self.loop.call_soon_threadsafe(done, outcome)
+
+
 class Generator:
     """The one thread that runs the engine: jobs in arrival order from a bounded queue."""
 
-    def __init__(self, engine: Engine, max_queue: int, default_num_draft: int | None):
+    def __init__(self, engine: Engine, max_queue: int):
         self.engines = {engine.status().drafter: engine}  # drafter name -> engine on the same weights
-        self.default, self.default_num_draft = engine, default_num_draft
+        self.default = engine
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.live: dict[str, Job] = {}  # id -> a job waiting or running
         self.running: tuple[Job, Engine] | None = None
         self.closing = False
         self.thread = threading.Thread(target=self.run, name="mlx-spec generation", daemon=True)
@@ -92,6 +118,25 @@ class Generator:
         except queue.Full:
             raise APIError(503, f"the server is busy ({self.jobs.maxsize} requests waiting): retry later",
                            kind="server_error", code="queue_full", headers={"Retry-After": "5"}) from None
+        if job.id:
+            self.live[job.id] = job
+
+    async def call(self, run: callable):
+        """run() on the generation thread, in turn with the jobs; its value, or its APIError raised here."""
+        call = Call(run, asyncio.get_running_loop(), asyncio.get_running_loop().create_future())
+        self.submit(call)
+        return await call.result
+
+    def control(self, job_id: str, draft_len=..., stop: bool = False) -> None:
+        """Pin a job's draft length (from its next round, or from its start) or ask it to stop."""
+        job = self.live.get(job_id)
+        if job is None:
+            raise APIError(404, f"no generation {job_id!r} is waiting or running here", "id", "job_not_found")
+        if draft_len is not ...:
+            job.draft_len = draft_len
+            if (running := self.running) and running[0] is job:
+                running[1].pin(draft_len)
+        job.stop_requested |= stop
 
     def engine_for(self, drafter: str | None) -> Engine:
         name = drafter or self.default.status().drafter
@@ -106,16 +151,13 @@ class Generator:
                 return
             if self.closing or job.cancelled:
                 job.send(APIError(503, "the server is shutting down", kind="server_error", code="shutting_down"))
+                self.live.pop(job.id, None)
                 continue
             try:
-                engine = self.engine_for(job.drafter)
-                engine.pin(job.num_draft if job.num_draft is not None else self.default_num_draft)
-                self.running = (job, engine)
-                for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
-                    if job.cancelled or self.closing or time.monotonic() > job.deadline:
-                        engine.stop()  # takes effect after this round
-                    if isinstance(event, (Token, Text, Done)):
-                        job.send(event)
+                if isinstance(job, Call):
+                    job.send(job.run())
+                else:
+                    self.generate(job)
             except SpecError as e:
                 job.send(APIError(400, str(e)))
             except Exception:
@@ -123,6 +165,19 @@ class Generator:
                 job.send(APIError(500, "internal error: see the server's log", kind="server_error"))
             finally:
                 self.running = None
+                self.live.pop(job.id, None)
+
+    def generate(self, job: Job) -> None:
+        engine = self.engine_for(job.drafter)
+        self.running = (job, engine)
+        engine.pin(job.draft_len)  # after `running`: a pin that comes meanwhile reaches this engine
+        for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
+            if job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline:
+                engine.stop()  # takes effect after this round
+            if isinstance(event, Done) and job.native:
+                job.send(memory.report(engine))
+            if job.native or not isinstance(event, Round):
+                job.send(event)
 
     def shutdown(self) -> None:
         """Fail the waiting jobs, stop the running one at its next round, end the thread."""
@@ -149,8 +204,18 @@ def whole(body: dict, key: str, least: int, default=None, most: int | None = Non
     return value
 
 
-def parse_job(body: dict, chat: bool, server: "Server") -> Job:
-    """An OpenAI request body -> Job, or APIError naming the field at fault."""
+def parse_draft_len(body: dict, key: str) -> int | None:
+    draft_len = whole(body, key, 0)
+    try:
+        check_draft_len(draft_len)
+    except SpecError as e:
+        raise APIError(400, str(e), key) from None
+    return draft_len
+
+
+def parse_job(body: dict, chat: bool, server: "Server", native: bool = False) -> Job:
+    """A request body -> Job, or APIError naming the field at fault. OpenAI's fields and mlx-spec's (`drafter`,
+    `num_draft`); the native stream's `draft_len` may also be null: the adaptive policy."""
     if server.model_id != body.get("model", server.model_id):
         raise APIError(404, f"model {body.get('model')!r} not found: this server serves {server.model_id!r} "
                             "(GET /v1/models)", "model", "model_not_found")
@@ -163,7 +228,8 @@ def parse_job(body: dict, chat: bool, server: "Server") -> Job:
             check_messages(messages)
         except SpecError as e:
             raise APIError(400, f"'messages': {e}", "messages") from None
-        prompt = render_prompt(tokenizer, messages)
+        render_prompt(tokenizer, messages)  # a conversation the chat template rejects: a 400 now
+        prompt = messages
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -191,15 +257,13 @@ def parse_job(body: dict, chat: bool, server: "Server") -> Job:
     if drafter is not None and drafter not in server.generator.default.status().drafters:
         raise APIError(400, f"'drafter' must be one of {', '.join(server.generator.default.status().drafters)}, "
                             f"got {drafter!r}", "drafter")
-    num_draft = whole(body, "num_draft", 0)
-    if num_draft is not None:
-        try:
-            check_draft_len(num_draft)
-        except SpecError as e:
-            raise APIError(400, str(e), "num_draft") from None
+    if native and "draft_len" in body:
+        draft_len = parse_draft_len(body, "draft_len")
+    elif (draft_len := parse_draft_len(body, "num_draft")) is None:
+        draft_len = server.num_draft
     max_tokens = whole(body, "max_completion_tokens", 1, whole(body, "max_tokens", 1, server.max_tokens))
     seed = whole(body, "seed", 0, 0, MAX_SEED - 1)
-    return Job(prompt, params, max_tokens, stop, seed, drafter, num_draft, time.monotonic() + server.timeout)
+    return Job(prompt, params, max_tokens, stop, seed, drafter, draft_len, time.monotonic() + server.timeout, native)
 
 
 def usage(done: Done) -> dict:
@@ -215,12 +279,14 @@ class Server:
                  max_queue: int = 16, timeout: float = 600.0, api_key: str | None = None,
                  num_draft: int | None = None):
         self.model_id, self.defaults, self.max_tokens = model_id, defaults, max_tokens
-        self.timeout, self.api_key = timeout, api_key
-        self.generator = Generator(engine, max_queue, num_draft)
+        self.timeout, self.api_key, self.num_draft = timeout, api_key, num_draft
+        self.generator = Generator(engine, max_queue)
         self.app = Starlette(routes=[
             Route("/health", self.health), Route("/v1/models", self.models),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/mlx-spec/v1/status", self.status), Route("/mlx-spec/v1/generate", self.generate, methods=["POST"]),
+            Route("/mlx-spec/v1/jobs/{id}", self.control, methods=["POST"]),
         ], exception_handlers={APIError: lambda request, e: e.response(), HTTPException: self.http_error,
                                Exception: self.internal_error})
 
@@ -250,7 +316,7 @@ class Server:
     async def completions(self, request: Request):
         return await self.complete(request, chat=False)
 
-    async def complete(self, request: Request, chat: bool):
+    async def body(self, request: Request) -> dict:
         self.authorize(request)
         try:
             body = json.loads(await request.body())
@@ -258,6 +324,68 @@ class Server:
             raise APIError(400, f"the request body is not valid JSON ({e})") from None
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
+        return body
+
+    async def status(self, request: Request):
+        """A drafter's status (built on first use, on the same weights), the default sampling and memory."""
+        self.authorize(request)
+        drafter = request.query_params.get("drafter")
+        if drafter is not None and drafter not in self.generator.default.status().drafters:
+            raise APIError(400, f"'drafter' must be one of {', '.join(self.generator.default.status().drafters)}, "
+                                f"got {drafter!r}", "drafter")
+
+        def describe() -> dict:
+            engine = self.generator.engine_for(drafter)
+            return {"model": self.model_id, **asdict(engine.status()), "draft_len": self.num_draft,
+                    "tree_width": engine.tree_width, "sampling": asdict(self.defaults),
+                    "max_tokens": self.max_tokens, "memory": asdict(memory.report(engine))}
+        return JSONResponse(await self.generator.call(describe))
+
+    async def generate(self, request: Request):
+        """The engine's events as server-sent events: {"type": "start", "id"}, then token / text / round ones
+        (engine.event_to_dict), then "done" with the server's memory report, or {"type": "error", "error"}."""
+        body = await self.body(request)
+        chat = "messages" in body
+        job = parse_job(body, chat, self, native=True)
+        job.loop = asyncio.get_running_loop()
+        self.generator.submit(job)
+        return StreamingResponse(self.events(job), media_type="text/event-stream")
+
+    async def events(self, job: Job):
+        report = None
+        try:
+            yield f"data: {json.dumps({'type': 'start', 'id': job.id})}\n\n"
+            while True:
+                event = await job.events.get()
+                if isinstance(event, memory.MemoryReport):
+                    report = asdict(event)
+                    continue
+                if isinstance(event, Done) and event.stop_reason == "stopped" and not job.stop_requested:
+                    event = self.stopped(job)
+                if isinstance(event, APIError):
+                    yield f"data: {json.dumps({'type': 'error', **event.body()})}\n\n"
+                    break
+                payload = event_to_dict(event)
+                if isinstance(event, Done):
+                    yield f"data: {json.dumps({**payload, 'memory': report})}\n\n"
+                    break
+                yield f"data: {json.dumps(payload)}\n\n"
+        finally:
+            job.cancelled = True
+
+    async def control(self, request: Request):
+        body = await self.body(request)
+        if bad := set(body) - {"draft_len", "stop"}:
+            raise APIError(400, f"unknown field {sorted(bad)[0]!r}: send 'draft_len' (a number or null) or "
+                                "'stop': true", sorted(bad)[0])
+        if "stop" in body and body["stop"] is not True:
+            raise APIError(400, "'stop' must be true", "stop")
+        draft_len = parse_draft_len(body, "draft_len") if "draft_len" in body else ...
+        self.generator.control(request.path_params["id"], draft_len, body.get("stop", False))
+        return JSONResponse({"id": request.path_params["id"]})
+
+    async def complete(self, request: Request, chat: bool):
+        body = await self.body(request)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise APIError(400, "'stream' must be true or false", "stream")

@@ -4,9 +4,12 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 
+import httpx
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
@@ -140,3 +143,33 @@ def assert_one_line_error(proc, *fragments):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+KEY = "test-key"  # the API key of the servers tests start
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(tiny, *extra) -> tuple[subprocess.Popen, str]:
+    """`mlx-spec serve` of the tiny qwen3 with its layer-skip draft on a free localhost port, key KEY; returns
+    (the process, its base URL) once /health answers."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny["qwen3"]),
+                             "--draft-model", str(tiny["qwen3-draft"]), "--port", str(port), "--api-key", KEY, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read())
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server did not start")

@@ -4,9 +4,6 @@ client and by plain HTTP."""
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,40 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from helpers import PROMPT, default_ctrl_c, run_cli
+from helpers import KEY, PROMPT, run_cli, start_server
 
-KEY = "test-key"
 LONG = 100_000  # tokens: minutes of generation, cut short by the test
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(tiny, *extra) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny["qwen3"]),
-                             "--draft-model", str(tiny["qwen3-draft"]), "--port", str(port), "--api-key", KEY, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            raise AssertionError(proc.stderr.read())
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("the server did not start")
 
 
 @pytest.fixture(scope="module")
 def server(tiny):
-    proc, url = start(tiny)
+    proc, url = start_server(tiny)
     yield url, str(tiny["qwen3"])
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130  # Ctrl+C: as every command
@@ -151,6 +122,44 @@ def test_bad_completion_prompts_get_400(server, prompt):
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
 
 
+def test_mlx_spec_routes_stream_the_engine_events(server):
+    """mlx-spec's own stream (what `mlx-spec chat --server` reads): a start with the job's id, the rounds, the
+    tokens with their origin, and a done with the statistics and the server's memory."""
+    url, model = server
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"prompt": PROMPT, "max_tokens": 30, "draft_len": 3}
+    with httpx.stream("POST", f"{url}/mlx-spec/v1/generate", json=body, headers=headers, timeout=120) as response:
+        events = [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[0]["type"] == "start" and events[-1]["type"] == "done"
+    rounds = [e for e in events if e["type"] == "round"]
+    tokens = [e for e in events if e["type"] == "token"]
+    assert rounds and all(r["draft_len"] <= 3 for r in rounds) and sum(t["from_draft"] for t in tokens) > 0
+    done = events[-1]
+    assert done["tokens"] == [t["id"] for t in tokens] and done["stats"]["rounds"] == len(rounds)
+    assert done["memory"]["weights"] > 0 and done["memory"]["pressure"] in ("normal", "warn", "critical")
+    openai_text = client(url).completions.create(model=model, prompt=PROMPT, max_tokens=30).choices[0].text
+    assert done["text"] == openai_text
+    status = httpx.get(f"{url}/mlx-spec/v1/status", params={"drafter": "ngram"}, headers=headers, timeout=120).json()
+    assert status["drafter"] == "ngram" and "off" in status["drafters"] and status["sampling"]["temperature"] == 0
+
+
+@pytest.mark.parametrize("method,path,body,status,fragment", [
+    ("POST", "/mlx-spec/v1/jobs/nope", {"stop": True}, 404, "no generation 'nope'"),
+    ("POST", "/mlx-spec/v1/jobs/nope", {"draft_len": 99}, 400, "draft length"),
+    ("POST", "/mlx-spec/v1/jobs/nope", {"stop": 1}, 400, "'stop' must be true"),
+    ("POST", "/mlx-spec/v1/jobs/nope", {"speed": 2}, 400, "unknown field 'speed'"),
+    ("GET", "/mlx-spec/v1/status?drafter=eagle", None, 400, "'drafter' must be one of"),
+    ("POST", "/mlx-spec/v1/generate", {"messages": []}, 400, "'messages'"),
+    ("POST", "/mlx-spec/v1/generate", {"prompt": "x", "draft_len": -1}, 400, "'draft_len'"),
+])
+def test_bad_requests_to_the_mlx_spec_routes(server, method, path, body, status, fragment):
+    url, _ = server
+    response = httpx.request(method, f"{url}{path}", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                             timeout=30)
+    assert response.status_code == status and fragment in response.json()["error"]["message"]
+    assert httpx.request(method, f"{url}{path}", json=body, timeout=30).status_code == 401
+
+
 def test_authentication_and_unknown_routes(server):
     url, model = server
     with pytest.raises(openai.AuthenticationError):
@@ -163,7 +172,7 @@ def test_authentication_and_unknown_routes(server):
 
 
 def test_queue_full_and_shutdown_with_requests_in_flight(tiny):
-    proc, url = start(tiny, "--max-queue", "1")
+    proc, url = start_server(tiny, "--max-queue", "1")
     model, headers = str(tiny["qwen3"]), {"Authorization": f"Bearer {KEY}"}
     try:
         with httpx.stream("POST", f"{url}/v1/completions", headers=headers, timeout=120,
@@ -195,7 +204,7 @@ def test_queue_full_and_shutdown_with_requests_in_flight(tiny):
 
 
 def test_a_request_past_the_timeout_ends_with_504(tiny):
-    proc, url = start(tiny, "--timeout", "2")
+    proc, url = start_server(tiny, "--timeout", "2")
     try:
         response = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
                               json={"prompt": PROMPT, "max_tokens": LONG})

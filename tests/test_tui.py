@@ -1,12 +1,17 @@
-"""`mlx-spec chat` driven by Textual's pilot on a tiny hybrid model with its MTP drafter, and the memory-pressure
-classification the panel shows."""
+"""`mlx-spec chat` driven by Textual's pilot on a tiny hybrid model with its MTP drafter and, with `--server`, on
+a real `mlx-spec serve` in a subprocess; and the memory-pressure classification the panel shows."""
 
 import asyncio
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
+from helpers import KEY, assert_one_line_error, free_port, run_cli, start_server
 
 import mlx_spec
+from mlx_spec.client import RemoteEngine
 from mlx_spec.engine import Round
 from mlx_spec.memory import classify_pressure, parse_psi
 from mlx_spec.sampling import SamplingParams
@@ -283,3 +288,99 @@ def test_the_panel_counts_tree_nodes(tiny, tmp_path, draft, drafter):
             assert nodes and float(nodes.group(1)) > 3  # more than the depth-3 chain: two per level
             assert panel(app, "drafter").startswith(f"drafter: {drafter}\n")
     asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    proc, url = start_server(tiny)
+    yield url
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+
+
+def test_the_chat_on_a_server(server, tiny):
+    """`mlx-spec chat --server`: the turns, live rounds, keys and panel of a local chat, computed by the server:
+    its answer equals local decoding, its cache keeps the conversation, a pin reaches the running answer."""
+    engine = RemoteEngine(server, KEY)
+    rounds = record_rounds(engine)
+    local = mlx_spec.load(str(tiny["qwen3"]), str(tiny["qwen3-draft"]))
+
+    async def run():
+        app = ChatApp(engine, SamplingParams(), 24, "tiny", memory_report=RemoteEngine.memory)
+        async with app.run_test(size=(100, 30)) as pilot:
+            assert panel(app, "drafter").startswith("drafter: draft-model\nadaptive")
+            assert engine.memory().weights > 0 and "memory pressure" in panel(app, "pressure")
+            await pilot.press("f4")  # pinned one below the adaptive maximum: drafting every round
+            top = engine.status().max_draft_len
+            assert engine.status().draft_len == top - 1
+            await ask(app, pilot, "hello")
+            await wait_done(app, pilot)
+            expected = local.generate([{"role": "user", "content": "hello"}], SamplingParams(), 24)
+            assert views(app, "assistant")[-1].text == expected.text
+            stats = app.screen.last_stats
+            assert stats.drafter == "draft-model" and stats.rounds == len(rounds) and stats.drafted > 0
+            assert f"{stats.decode_tps:.1f} tok/s" in panel(app, "speed")
+            await ask(app, pilot, "and again")
+            await wait_done(app, pilot)
+            assert app.screen.last_stats.reused_prompt_tokens >= stats.prompt_tokens + 24 - 1  # on the server
+
+            app.max_tokens = 20000
+            rounds.clear()
+            await ask(app, pilot, "a long answer")
+            await wait_for(pilot, lambda: len(rounds) >= 3, "three rounds")
+            for key, draft_len in (("f5", top), ("f2", 0)):
+                await pilot.press(key)
+                assert engine.status().draft_len == draft_len
+                pressed = len(rounds)
+                await wait_for(pilot, lambda: len(rounds) >= pressed + 4, "four more rounds")
+                assert set(rounds[pressed + 1:]) == {draft_len}, (key, rounds[pressed:])  # one in flight at most
+            await pilot.press("escape")
+            await wait_done(app, pilot)
+            answer = views(app, "assistant")[-1]
+            assert answer.status == "stopped" and app.screen.last_stats.rounds == len(rounds)
+            await pilot.press("f8")
+            assert isinstance(app.engine, RemoteEngine) and app.engine.status().drafter == "ngram"
+            await ask(app, pilot, "hi")
+            await wait_done(app, pilot)
+            assert app.screen.last_stats.drafter == "ngram"
+    asyncio.run(run())
+
+
+def test_a_chat_whose_server_goes_away_says_so(tiny):
+    proc, url = start_server(tiny)
+    try:
+        async def run():
+            app = ChatApp(RemoteEngine(url, KEY), SamplingParams(), 100_000, "tiny", memory_report=RemoteEngine.memory)
+            async with app.run_test(size=(100, 30)) as pilot:
+                await ask(app, pilot, "a long answer")
+                await wait_for(pilot, lambda: views(app, "assistant")[-1].text, "the first text")
+                proc.kill()
+                await wait_done(app, pilot)
+                assert "lost the server" in views(app, "error")[-1].text
+                await ask(app, pilot, "hello?")
+                await wait_done(app, pilot)
+                assert "cannot reach an mlx-spec server" in views(app, "error")[-1].text
+        asyncio.run(run())
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_chat_server_refusals(server):
+    assert_one_line_error(run_cli("chat", "--server", f"http://127.0.0.1:{free_port()}"),
+                          "cannot reach an mlx-spec server")
+    assert_one_line_error(run_cli("chat", "--server", server, "--api-key", "wrong"), "refused the API key")
+    assert_one_line_error(run_cli("chat", "--server", server, "--drafter", "ngram"),
+                          "--drafter chooses what the server loads")
+    port = free_port()
+    other = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            proc = run_cli("chat", "--server", f"http://127.0.0.1:{port}")
+            if "cannot reach" not in proc.stderr:
+                break
+        assert_one_line_error(proc, "is not an mlx-spec server")
+    finally:
+        other.kill()
+        other.wait()

@@ -22,7 +22,6 @@ from textual.widgets import Footer, Header, Input
 
 from mlx_spec.engine import Done, Engine, Round, Text, Token
 from mlx_spec.errors import SpecError
-from mlx_spec.prompts import prompt_text, render_prompt
 from mlx_spec.sampling import SamplingParams
 from mlx_spec.stats import Stats
 
@@ -102,7 +101,6 @@ class ChatScreen(Screen):
         self.requests: queue.Queue[Turn | None] = queue.Queue()  # turns to answer; None ends the worker
         self.worker = threading.Thread(target=self.serve, name="mlx-spec-generate")
         self.engines: dict[str, Engine] = {}  # drafter name -> engine, built on first switch
-        self.sequence_text, self.sequence_ids = "", []  # the conversation so far, as text and as tokens
         self.draft_len: int | None = None  # what the user wants, kept across drafters: None adaptive, 0 off
         self.draft_len_on: int | None = None  # what F2 turns speculation back on to
 
@@ -160,33 +158,19 @@ class ChatScreen(Screen):
         self.requests.put(None)
         self.worker.join()
 
-    def prompt_ids(self, tokenizer, messages: list[dict]) -> tuple[str, list[int]]:
-        """The rendered conversation and its tokens: the tokens of the previous turns exactly as they were
-        prefilled and generated, then the new text, so the engine reuses its cache for all of the former."""
-        rendered, _ = prompt_text(tokenizer, messages)
-        if self.sequence_ids and rendered.startswith(self.sequence_text):
-            new_text = rendered[len(self.sequence_text):]
-            return rendered, self.sequence_ids + tokenizer.encode(new_text, add_special_tokens=False)
-        return rendered, render_prompt(tokenizer, messages)
-
     def run_turn(self, turn: Turn) -> None:
         """On the worker thread: stream one answer and post what happens."""
         engine = turn.engine
         try:
-            rendered, prompt = self.prompt_ids(engine.tokenizer, turn.messages)
-            answer_ids = []
-            for event in engine.stream(prompt, turn.params, turn.max_tokens):
+            for event in engine.stream(turn.messages, turn.params, turn.max_tokens):  # the engine reuses the
+                # cache for the turns before, as it prefilled and generated them
                 if self.stop_requested:
                     engine.stop()  # again: a stop that came before the stream began was reset by it
-                if isinstance(event, Token):
-                    answer_ids.append(event.id)
                 if isinstance(event, (Token, Text)) and event.text:
                     self.post_message(TokenArrived(event.text, isinstance(event, Token) and event.from_draft))
                 elif isinstance(event, Round):
                     self.post_message(RoundDone(event.draft_len, event.accepted))
                 elif isinstance(event, Done):
-                    # the last thing this thread does for the turn, before the interface may start another
-                    self.sequence_text, self.sequence_ids = rendered + event.text, prompt + answer_ids
                     self.post_message(TurnDone(event.stats, event.stop_reason, event.text))
         except SpecError as e:
             self.post_message(TurnFailed(str(e)))
@@ -302,7 +286,6 @@ class ChatScreen(Screen):
             return
         self.messages.clear()
         self.history.clear()
-        self.sequence_text, self.sequence_ids = "", []
         self.query_one("#transcript", VerticalScroll).remove_children()
 
     def action_save(self) -> None:
