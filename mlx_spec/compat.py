@@ -11,7 +11,11 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
 - Llama's `ModelArgs`, `Attention` (q/k/v projections applied to its input, whatever its width: EAGLE-3
   widens them to 2 H) and `MLP`, which the EAGLE-3 head is built from;
 - for token trees: attention layers that rotate with `self.rope(x, offset=cache.offset)` through
-  `mx.fast.rope` (which takes one offset per batch row), and masks that come from `cache.make_mask`.
+  `mx.fast.rope` (which takes one offset per batch row), and masks that come from `cache.make_mask`;
+- for nextn MTP layers (models/nextn.py): a DeepSeek-V3 / GLM-4.5 `Model.sanitize` that reads only `self.args`
+  and converts the Hugging Face tensors of every layer below `num_hidden_layers` (the nextn block goes through it
+  as layer 0), and DeepSeek-V3's, which drops the nextn layer only at index 61 (`drop_nextn_layers` drops it at
+  any depth).
 `check()` runs each of these on tiny layers the first time a model is wrapped, and fails with a message naming
 the installed mlx-lm version and the tested range, so an mlx-lm release that changes them breaks loudly.
 """
@@ -65,6 +69,44 @@ def set_write_index(cache: RotatingKVCache, index: int) -> None:
 def swap_class(obj, cls) -> None:
     """Give an mlx-lm module a subclass of its own class (same weights, extended behaviour)."""
     obj.__class__ = cls
+
+
+def convert_layer(module, args, tensors: dict) -> dict:
+    """One decoder layer's Hugging Face tensors (names relative to the layer) in the form `module`'s (mlx-lm's
+    deepseek_v3 or glm4_moe) layers load: its Model.sanitize, run on them as layer 0."""
+    converted = module.Model.sanitize(_ArgsOnly(args), {f"model.layers.0.{k}": v for k, v in tensors.items()})
+    if not all(k.startswith("model.layers.0.") for k in converted) or any(".experts.0." in k for k in converted):
+        raise broken(f"{module.__name__}.Model.sanitize (the conversion of a layer's expert and attention tensors)")
+    return {k[len("model.layers.0."):]: v for k, v in converted.items()}
+
+
+class _ArgsOnly:
+    def __init__(self, args):
+        self.args = args
+
+
+def drop_nextn_layers() -> None:
+    """Make mlx-lm's DeepSeek-V3 loader drop the nextn layers stored past its last layer, whatever the depth
+    (it drops `model.layers.61.*` only, so every other depth fails to load). Idempotent."""
+    from mlx_lm.models import deepseek_v3
+
+    sanitize = deepseek_v3.Model.sanitize
+    if getattr(sanitize, "drops_nextn", False):
+        return
+    if list(inspect.signature(sanitize).parameters) != ["self", "weights"]:
+        raise broken("deepseek_v3.Model.sanitize(self, weights)")
+
+    @functools.wraps(sanitize)
+    def without_nextn(self, weights):
+        depth = self.args.num_hidden_layers
+        return sanitize(self, {k: v for k, v in weights.items() if not _layer_at_or_past(k, depth)})
+    without_nextn.drops_nextn = True
+    deepseek_v3.Model.sanitize = without_nextn
+
+
+def _layer_at_or_past(key: str, depth: int) -> bool:
+    parts = key.split(".")
+    return key.startswith("model.layers.") and parts[2].isdigit() and int(parts[2]) >= depth
 
 
 def final_norm(model):

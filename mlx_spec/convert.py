@@ -1,7 +1,8 @@
 """Hugging Face checkpoints to MLX, keeping the MTP layer that mlx_lm.convert drops.
 
-The main model goes through mlx_lm.convert unchanged; the `mtp.*` tensors, norm-shifted once and optionally
-quantized, go to `mtp.safetensors` beside it, a name mlx-lm's loader never reads, so the output still loads
+The main model goes through mlx_lm.convert unchanged; the MTP layer (Qwen's `mtp.*` tensors, norm-shifted once,
+or a DeepSeek / GLM nextn layer `model.layers.{num_hidden_layers}.*`, converted as mlx-lm converts a layer),
+optionally quantized, goes to `mtp.safetensors` beside it, a name mlx-lm's loader never reads, so the output still loads
 with plain `mlx_lm.load` whatever that architecture's sanitize does with `mtp.` keys. Output is written to a
 hidden sibling folder and renamed into place at the end, so a failure leaves nothing half-written.
 """
@@ -24,6 +25,7 @@ from .loading import read_config, resolve
 from .models.eagle3 import is_eagle3, load_eagle3, read_weights
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.gemma4_assistant import quantize as quantize_assistant
+from .models.nextn import STORED, build_nextn, check_supported, is_nextn, prefix, read_nextn_tensors
 from .models.qwen3_5 import build_mtp, checkpoint_files, declared_mtp_layers, read_mtp_tensors
 
 MTP_FILE = "mtp.safetensors"
@@ -31,13 +33,36 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 def mtp_shards(source: str) -> list[str]:
-    """The safetensors files of a checkpoint that hold `mtp.*` tensors, from its index when it has one."""
+    """The safetensors files of a checkpoint that hold its MTP layer, from its index when it has one."""
     index_dir = resolve(source, [INDEX_FILE, "config.json"])
     index = index_dir / INDEX_FILE
     if index.exists():
+        layer = prefix(read_config(index_dir)) if is_nextn(read_config(index_dir)) else "mtp."
         weight_map = json.loads(index.read_text())["weight_map"]
-        return sorted({shard for name, shard in weight_map.items() if name.startswith("mtp.")})
+        return sorted({shard for name, shard in weight_map.items() if name.startswith(layer)})
     return sorted(p.name for p in index_dir.glob("model*.safetensors")) or ["model.safetensors"]
+
+
+def holds_mtp(config: dict, files) -> bool:
+    return bool((read_nextn_tensors(files, config) if is_nextn(config) else read_mtp_tensors(files))[0])
+
+
+def mtp_layer(config: dict, files, where) -> tuple[nn.Module, str] | None:
+    """(the MTP layer in `files`, built for `config`, and the prefix its tensors are stored under), or None
+    when `config` declares none; a SpecError when it declares one that `files` do not hold."""
+    if is_nextn(config):
+        check_supported(config, where)
+        tensors, original = read_nextn_tensors(files, config)
+        found = tensors and (build_nextn(config, tensors, original), STORED)
+    elif declared_mtp_layers(config):
+        tensors, zero_centred = read_mtp_tensors(files)
+        found = tensors and (build_mtp(config, tensors, zero_centred), "mtp.")
+    else:
+        return None
+    if not found:
+        raise SpecError(f"{where} declares an MTP layer but holds none of its tensors: point --hf-path at the "
+                        "original Hugging Face checkpoint")
+    return found
 
 
 def checkpoint_dtype(config: dict) -> str | None:
@@ -46,17 +71,18 @@ def checkpoint_dtype(config: dict) -> str | None:
     return dtype if dtype in ("float16", "bfloat16", "float32") else None
 
 
-def write_mtp(mlx_dir: Path, tensors: dict, zero_centred: bool, bits: int | None, group_size: int,
+def write_mtp(mlx_dir: Path, layer: tuple[nn.Module, str], bits: int | None, group_size: int,
               dtype: str | None) -> None:
-    """Add the MTP layer to an MLX checkpoint directory: its file, its index entries, its quantization."""
+    """Add the MTP layer (`mtp_layer`'s answer) to an MLX checkpoint directory: its file, its index entries,
+    its quantization."""
     config = json.loads((mlx_dir / "config.json").read_text())
-    mtp = build_mtp(config, tensors, zero_centred)
+    mtp, stored = layer
     if dtype:
         mtp.set_dtype(getattr(mx, dtype))
     if bits:
         nn.quantize(mtp, group_size=group_size, bits=bits)
         config["mtp_quantization"] = {"group_size": group_size, "bits": bits}
-    weights = {f"mtp.{k}": v for k, v in tree_flatten(mtp.parameters())}
+    weights = {f"{stored}{k}": v for k, v in tree_flatten(mtp.parameters())}
     partial = mlx_dir / ".partial-mtp.safetensors"  # never loaded if left behind
     mx.save_safetensors(str(partial), weights, metadata={"format": "mlx"})
     index_path = mlx_dir / INDEX_FILE
@@ -89,15 +115,12 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
         else:
             mlx_lm_convert(str(source), str(staged), quantize=quantize, q_group_size=q_group_size, q_bits=q_bits,
                            dtype=dtype)
-        if declared_mtp_layers(json.loads(config_path.read_text())):
-            tensors, zero_centred = read_mtp_tensors(sorted(source.glob("model*.safetensors")))
-            if not tensors:
-                raise SpecError(f"{source} declares an MTP layer but holds no mtp.* tensors: convert from the "
-                                "original Hugging Face checkpoint")
+        config = json.loads((staged / "config.json").read_text())
+        if layer := mtp_layer(config, sorted(source.glob("model*.safetensors")), source):
             bits = mtp_bits if mtp_bits is not None else (8 if quantize else None)
-            write_mtp(staged, tensors, zero_centred, None if bits == 16 else bits, q_group_size,
+            write_mtp(staged, layer, None if bits == 16 else bits, q_group_size,
                       dtype or checkpoint_dtype(json.loads(config_path.read_text())))
-            print(f"[INFO] Kept the MTP layer ({len(tensors)} tensors) in {MTP_FILE}")
+            print(f"[INFO] Kept the MTP layer in {MTP_FILE}")
         staged.rename(out)
     return out
 
@@ -169,17 +192,16 @@ def add_mtp(hf_path: str, mlx_path: str, mtp_bits: int | None = None, group_size
     config_path = target / "config.json"
     if not config_path.exists():
         raise SpecError(f"{target} is not an MLX checkpoint directory (no config.json)")
-    if not declared_mtp_layers(read_config(target)):
-        raise SpecError(f"{target} declares no MTP layer (mtp_num_hidden_layers): nothing to add")
-    if read_mtp_tensors(checkpoint_files(target))[0]:
-        raise SpecError(f"{target} already holds mtp.* tensors")
+    config = read_config(target)
+    if not declared_mtp_layers(config) and not is_nextn(config):
+        raise SpecError(f"{target} declares no MTP layer (mtp_num_hidden_layers, num_nextn_predict_layers): "
+                        "nothing to add")
+    if holds_mtp(config, checkpoint_files(target)):
+        raise SpecError(f"{target} already holds its MTP layer")
     shards = mtp_shards(hf_path)
     source = resolve(hf_path, shards)
-    tensors, zero_centred = read_mtp_tensors([source / s for s in shards if (source / s).exists()])
-    if not tensors:
-        raise SpecError(f"{hf_path} holds no mtp.* tensors: point --hf-path at the original Hugging Face repo")
-    config = read_config(target)
+    layer = mtp_layer(config, [source / s for s in shards if (source / s).exists()], hf_path)
     bits = mtp_bits if mtp_bits is not None else (8 if config.get("quantization") else None)
-    write_mtp(target, tensors, zero_centred, None if bits == 16 else bits, group_size, checkpoint_dtype(config))
-    print(f"[INFO] Added the MTP layer ({len(tensors)} tensors from {', '.join(shards)}) to {target}")
+    write_mtp(target, layer, None if bits == 16 else bits, group_size, checkpoint_dtype(config))
+    print(f"[INFO] Added the MTP layer (from {', '.join(shards)}) to {target}")
     return target

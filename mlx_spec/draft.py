@@ -15,35 +15,36 @@ class Draft:
 
     A tree also has `parents`: node i continues node parents[i] (< i; -1: the round's last token), nodes in
     order of depth. Siblings are tried in order; a tree is verified with one-hot q. A chain is the tree
-    parents = [-1, 0, 1, ...] and keeps `parents` None."""
+    parents = [-1, 0, 1, ...] and keeps `parents` None. A tree may hold nodes that are run through the target
+    only for what it predicts there, never accepted (lookahead's branch): `candidates` marks the others."""
 
     tokens: mx.array
     q: mx.array | None = None
     parents: list[int] | None = None
+    candidates: list[bool] | None = None  # per node, whether it may be accepted (None: every node)
+    depth: int | None = None  # the draft length the round counts as (None: the tree's depth)
+    ends: list[int] | None = None  # `from_paths`: the node each path ends at (-1: an empty path)
 
     @classmethod
     def empty(cls) -> "Draft":
         return cls(mx.zeros((0,), dtype=mx.int32))
 
     @classmethod
-    def from_paths(cls, paths: list[list[int]]) -> "Draft":
+    def from_paths(cls, paths: list[list[int]], tree: bool = False) -> "Draft":
         """The tree (a trie) holding each of `paths`, shared prefixes merged, siblings in order of first
-        appearance; a chain when there is one path."""
-        paths = [path for path in paths if path]
-        if len(paths) <= 1:
-            return cls(mx.array(paths[0] if paths else [], dtype=mx.int32))
-        node_of: dict[tuple[int, ...], int] = {}
+        appearance; a chain when the paths are prefixes of one another, unless `tree`."""
+        node_of: dict[tuple[int, ...], int] = {(): -1}
         tokens, parents = [], []
-        for depth in range(max(len(path) for path in paths)):  # level by level: nodes in order of depth
+        for depth in range(max((len(path) for path in paths), default=0)):  # level by level: in order of depth
             for path in paths:
                 prefix = tuple(path[:depth + 1])
                 if len(prefix) == depth + 1 and prefix not in node_of:
                     node_of[prefix] = len(tokens)
                     tokens.append(prefix[-1])
-                    parents.append(node_of[prefix[:-1]] if depth else -1)
-        if parents == list(range(-1, len(parents) - 1)):
-            return cls(mx.array(tokens, dtype=mx.int32))  # the paths were prefixes of one another
-        return cls(mx.array(tokens, dtype=mx.int32), parents=parents)
+                    parents.append(node_of[prefix[:-1]])
+        ends = [node_of[tuple(path)] for path in paths]
+        chain = parents == list(range(-1, len(parents) - 1))
+        return cls(mx.array(tokens, dtype=mx.int32), parents=None if chain and not tree else parents, ends=ends)
 
     def depths(self) -> list[int]:
         """Depth of each node, the first draft position being depth 1."""

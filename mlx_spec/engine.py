@@ -291,6 +291,7 @@ class Engine:
         stats.decode_seconds = time.perf_counter() - start
         stats.generated_tokens = len(generated)
         stats.policy = self.policy.note
+        stats.drafter_report = self.drafter.report() if hasattr(self.drafter, "report") else ""
         stats.record_memory()
         if chat is not None and stop_reason != "stop_string":  # tokens past a stop string are not in the text
             self.conversation = (chat + text.text, prompt_ids + generated[: len(generated) - (stop_reason == "eos")])
@@ -327,8 +328,8 @@ class Engine:
             path, new_tokens = verify_tree(draft, step.logits, params, context, verify_key)
             kept = [0, *(node + 1 for node in path)]
             self.target.keep(draft_len + 1, kept)
-            step = step.rows(kept)
-            verdict = Round(max(draft.depths()), len(path), draft_len)
+            step = step.rows(kept)  # keeps every node's logits in `step.tree_logits` for the drafter
+            verdict = Round(max(draft.depths()) if draft.depth is None else draft.depth, len(path), draft_len)
         if self.drafter:
             self.drafter.accept(context + new_tokens, verdict.accepted, step.first(verdict.accepted + 1))
         return verdict, new_tokens

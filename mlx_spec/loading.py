@@ -9,10 +9,12 @@ from pathlib import Path
 
 import psutil
 
+from . import compat
 from .drafters import ASSISTANT_MAX_DRAFT_LEN, DRAFTERS, default_drafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle3 import Eagle3Drafter
 from .drafters.gemma4_assistant import AssistantDrafter, shared_kv_sources
+from .drafters.lookahead import LookaheadDrafter
 from .drafters.medusa import MedusaDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.qwen_mtp import MTPDrafter
@@ -22,7 +24,8 @@ from .models import materialize
 from .models.eagle3 import feature_layers, is_eagle3, load_eagle3, trained_for
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.medusa import is_medusa, load_medusa
-from .models.qwen3_5 import declared_mtp_layers, lm_head, load_mtp, text_model
+from .models.nextn import check_supported, declared_nextn_layers, is_nextn, load_nextn
+from .models.qwen3_5 import checkpoint_files, declared_mtp_layers, lm_head, load_mtp, text_model
 from .target import Target
 
 REGISTRY = Path(__file__).with_name("models.toml")
@@ -180,7 +183,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                 draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
                 mtp_hidden: str = "post", tree_width: int = 1) -> Engine:
     """An Engine around a loaded target with the chosen drafter (see `load` for the arguments)."""
-    declares_mtp = declared_mtp_layers(target.config) > 0
+    declares_mtp = declared_mtp_layers(target.config) + declared_nextn_layers(target.config) > 0
     drafter = drafter or default_drafter(bool(draft_model), declares_mtp, bool(target.default_draft_model))
     draft_model = draft_model or target.default_draft_model
     if drafter not in DRAFTERS:
@@ -188,8 +191,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     if drafter == "draft-model" and not draft_model:
         raise SpecError("--drafter draft-model needs --draft-model PATH_OR_REPO")
     if drafter == "mtp" and not declares_mtp:
-        raise SpecError(f"{target.path} declares no MTP layer (mtp_num_hidden_layers): use --drafter ngram "
-                        "or --draft-model")
+        raise SpecError(f"{target.path} declares no MTP layer (mtp_num_hidden_layers, num_nextn_predict_layers): "
+                        "use --drafter ngram or --draft-model")
     if mtp_hidden not in ("post", "pre"):
         raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
     if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
@@ -216,6 +219,16 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     chosen = None
     if drafter == "ngram":
         chosen = NgramDrafter()
+    elif drafter == "lookahead":
+        if problem := runner.tree_problem():
+            raise SpecError(f"lookahead decoding verifies a token tree, and {target.path.name} {problem}: use "
+                            "--drafter ngram")
+        chosen = LookaheadDrafter()
+    elif drafter == "mtp" and is_nextn(target.config):
+        check_supported(target.config, target.path)
+        nextn = load_nextn(target.path, target.config, checkpoint_files(target.path))
+        chosen = MTPDrafter(nextn, compat.input_embedding(target.model),
+                            lambda x: target.model.lm_head(nextn.shared_norm(x)))
     elif drafter == "mtp":
         if text_model(target.model) is None:
             raise SpecError(f"MTP drafting supports Qwen3.5 / 3.6 and Qwen3-Next checkpoints; {target.path} is "
@@ -252,13 +265,14 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden,
                            tree_width if name in ("draft-model", "ngram", "off") else 1)
     return Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
-                  available_drafters(target, draft_model) + ["off"])
+                  available_drafters(target, draft_model, runner.tree_problem() is None) + ["off"])
 
 
-def available_drafters(target: LoadedTarget, draft_model: str | None = None) -> list[str]:
-    """The drafters this target can use ("off" aside): its MTP layer, a known draft model, n-gram."""
-    return (["mtp"] * (declared_mtp_layers(target.config) > 0)
-            + ["draft-model"] * bool(draft_model or target.default_draft_model) + ["ngram"])
+def available_drafters(target: LoadedTarget, draft_model: str | None, trees: bool) -> list[str]:
+    """The drafters this target can use ("off" aside): its MTP layer, a known draft model, n-gram, and
+    lookahead where it verifies token trees."""
+    return (["mtp"] * (declared_mtp_layers(target.config) + declared_nextn_layers(target.config) > 0)
+            + ["draft-model"] * bool(draft_model or target.default_draft_model) + ["ngram"] + ["lookahead"] * trees)
 
 
 def assistant_mismatch(assistant_cfg: dict, target_cfg: dict) -> str | None:

@@ -24,6 +24,7 @@ class Stats:
     decode_seconds: float = 0.0
     peak_memory: int = 0
     active_memory: int = 0
+    drafter_report: str = ""  # figures of the drafter's own (lookahead: its n-gram pool)
 
     def record_round(self, verdict) -> None:
         """Count a finished round (an engine `Round`)."""
@@ -70,7 +71,8 @@ class Stats:
     def to_dict(self) -> dict:
         names = ["drafter", "policy", "prompt_tokens", "reused_prompt_tokens", "generated_tokens", "rounds",
                  "drafted", "accepted", "nodes", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
-                 "prefill_tps", "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory"]
+                 "prefill_tps", "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory",
+                 "drafter_report"]
         return {name: getattr(self, name) for name in names}
 
     def summary(self) -> str:
@@ -83,7 +85,7 @@ class Stats:
                      f"({self.accepted}/{self.drafted}), {self.mean_acceptance_length:.2f} tokens/step, "
                      f"per position [{positions}]"
                      + (f", {self.nodes / self.rounds:.1f} tree nodes/round" if self.nodes > self.drafted else "")
-                     + f"; {self.policy}")
+                     + (f", {self.drafter_report}" if self.drafter_report else "") + f"; {self.policy}")
         else:
             line += " | drafting off"
         return line + f" | peak memory {self.peak_memory / 2**20:.0f} MiB"

@@ -23,16 +23,17 @@ class Step:
     logits: mx.array | None  # (n, V): row j scores the token after input j (None after a prefill)
     hidden: mx.array | None = None  # (n, H): the final hidden state at each input, when a drafter needs it
     start: int = 0  # the position of the first input (a prefill that reused a cached prefix starts later)
+    tree_logits: mx.array | None = None  # after `rows`: the logits at every input (a tree's every node)
 
     def first(self, n: int) -> "Step":
         return Step(None if self.logits is None else self.logits[:n], None if self.hidden is None else self.hidden[:n],
-                    self.start)
+                    self.start, self.tree_logits)
 
     def rows(self, indices: list[int]) -> "Step":
         """The inputs at `indices` (a tree's accepted path)."""
         index = mx.array(indices)
         return Step(None if self.logits is None else self.logits[index],
-                    None if self.hidden is None else self.hidden[index], self.start)
+                    None if self.hidden is None else self.hidden[index], self.start, self.logits)
 
 
 def _tapped_norm_call(self, x):

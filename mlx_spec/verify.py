@@ -62,7 +62,8 @@ def verify_tree(draft: Draft, logits: mx.array, params: SamplingParams, history:
     tokens = draft.tokens.tolist()
     children: dict[int, list[int]] = {}
     for node, parent in enumerate(draft.parents):
-        children.setdefault(parent, []).append(node)
+        if draft.candidates is None or draft.candidates[node]:
+            children.setdefault(parent, []).append(node)
     prefixes = [[]] + [[tokens[a] for a in draft.ancestors(node)] for node in range(len(tokens))]
     logits = tree_penalized(logits, params, history, prefixes)
     path, node = [], -1

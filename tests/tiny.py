@@ -611,6 +611,10 @@ def build_suite(root: str | Path) -> dict[str, Path]:
     paths["qwen3_5-draft"] = build_layer_skip_draft(root / "qwen3_5-draft", paths["qwen3_5"], keep_layers=4)
     # all layers, perturbed: close to the target but not equal, for sampled-distribution tests
     paths["qwen3-noisy"] = build_layer_skip_draft(root / "qwen3-noisy", paths["qwen3"], keep_layers=4, noise=0.2)
+    from tiny_nextn import NEXTN_FAMILIES, build_nextn_checkpoint, train_nextn
+
+    for family in NEXTN_FAMILIES:  # with nextn MTP layers trained to draft the head texts
+        paths[family] = train_nextn(build_nextn_checkpoint(root / family, family, tok), HEAD_TEXTS)
     return paths
 
 

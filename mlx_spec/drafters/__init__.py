@@ -23,10 +23,13 @@ class DrafterKind:
 
 
 DRAFTERS = {kind.name: kind for kind in [
-    DrafterKind("mtp", "the checkpoint's own multi-token prediction layer (Qwen 3.5 / 3.6, Qwen3-Next)", 3),
+    DrafterKind("mtp", "the checkpoint's own multi-token prediction layer (Qwen 3.5 / 3.6, Qwen3-Next; the nextn "
+                       "layer of DeepSeek-V3 and GLM-4.5+)", 3),
     DrafterKind("draft-model", "a smaller model of the same vocabulary, a Gemma 4 assistant or Medusa heads "
                                "(--draft-model)", 6),
     DrafterKind("ngram", "prompt lookup: continue as the prompt or output continued before; no extra memory", 6),
+    DrafterKind("lookahead", "lookahead decoding: Jacobi trajectories run beside each verification fill an n-gram "
+                             "pool; no extra weights (targets that verify token trees)", 4),
     DrafterKind("off", "plain decoding", 0),
 ]}
 ASSISTANT_MAX_DRAFT_LEN = 4  # a Gemma 4 assistant, the draft-model drafter's other kind
@@ -43,6 +46,8 @@ def default_drafter(draft_model_given: bool, has_mtp: bool, listed_draft_model: 
 
 def shape(drafter, width: int) -> str:
     """What a drafter proposes: "chain", "tree of width W", or a chain and why not a tree (its `no_tree`)."""
+    if isinstance(getattr(drafter, "shape", None), str):
+        return drafter.shape
     if getattr(drafter, "no_tree", None):
         return f"chain (no tree: {drafter.no_tree})"
     return f"tree of width {width}" if width > 1 else "chain"
@@ -50,7 +55,8 @@ def shape(drafter, width: int) -> str:
 
 class Drafter(Protocol):
     """Drafters that hold weights or caches of their own also expose them as `weights` (a module) and
-    `caches` (a list), for the memory report."""
+    `caches` (a list), for the memory report; one with figures of its own says them in `report()` (a line for
+    the statistics) and one with a shape of its own names it in `shape`."""
 
     name: str
 

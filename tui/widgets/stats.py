@@ -34,6 +34,7 @@ class StatsPanel(VerticalScroll, can_focus=False):
             f"acceptance {stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})\n"
             f"{stats.mean_acceptance_length:.2f} tokens/step\nper position [{positions}]"
             + (f"\ntree: {stats.nodes / stats.rounds:.1f} nodes verified/round" if stats.nodes > stats.drafted else "")
+            + (f"\n{stats.drafter_report}" if stats.drafter_report else "")
             if stats.rounds else "acceptance: after an answer")
         self.show_history(history)
         speed = f"{stats.decode_tps:.1f} tok/s decode" if stats.generated_tokens else "tok/s: after an answer"

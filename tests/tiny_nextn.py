@@ -1,0 +1,144 @@
+"""Tiny DeepSeek-V3-style (MLA + MoE) and GLM-4.5-style (GQA + MoE) checkpoints in the Hugging Face layout, each
+with its nextn MTP layer stored as `model.layers.{num_hidden_layers}.*` (copies of the embedding and output head
+included, as DeepSeek publishes them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from tiny import write_checkpoint
+
+NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe")
+MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
+       "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+       "norm_topk_prob": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+
+
+def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
+    common = {"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 2 * hidden,
+              "num_hidden_layers": layers, "num_attention_heads": 4, "max_position_embeddings": 4096,
+              "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False,
+              "num_nextn_predict_layers": 1, "torch_dtype": "float32", "bos_token_id": None, "eos_token_id": 0,
+              "hidden_act": "silu", **MOE}
+    if family == "deepseek_v3":
+        return {**common, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
+                "qk_nope_head_dim": 16, "v_head_dim": 16, "moe_layer_freq": 1,
+                "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
+    return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_key_value_heads": 2,
+            "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True,
+            "rope_scaling": None, "n_group": 1}
+
+
+def layer_shapes(cfg: dict, i: int, moe: bool) -> dict[str, tuple[int, ...]]:
+    p, h, heads = f"model.layers.{i}.", cfg["hidden_size"], cfg["num_attention_heads"]
+    shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
+    if cfg["model_type"] == "deepseek_v3":
+        q_head = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+        shapes.update({p + "self_attn.q_a_proj.weight": (cfg["q_lora_rank"], h),
+                       p + "self_attn.q_a_layernorm.weight": (cfg["q_lora_rank"],),
+                       p + "self_attn.q_b_proj.weight": (heads * q_head, cfg["q_lora_rank"]),
+                       p + "self_attn.kv_a_proj_with_mqa.weight": (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], h),
+                       p + "self_attn.kv_a_layernorm.weight": (cfg["kv_lora_rank"],),
+                       p + "self_attn.kv_b_proj.weight": (heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]),
+                                                          cfg["kv_lora_rank"]),
+                       p + "self_attn.o_proj.weight": (h, heads * cfg["v_head_dim"])})
+    else:
+        hd, kv = cfg["head_dim"], cfg["num_key_value_heads"]
+        shapes.update({p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.q_proj.bias": (heads * hd,),
+                       p + "self_attn.k_proj.weight": (kv * hd, h), p + "self_attn.k_proj.bias": (kv * hd,),
+                       p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.v_proj.bias": (kv * hd,),
+                       p + "self_attn.o_proj.weight": (h, heads * hd),
+                       p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
+    if moe:
+        inter, shared = cfg["moe_intermediate_size"], cfg["moe_intermediate_size"] * cfg["n_shared_experts"]
+        shapes.update({p + "mlp.gate.weight": (cfg["n_routed_experts"], h),
+                       p + "mlp.gate.e_score_correction_bias": (cfg["n_routed_experts"],)})
+        for e in range(cfg["n_routed_experts"]):
+            shapes.update({p + f"mlp.experts.{e}.gate_proj.weight": (inter, h),
+                           p + f"mlp.experts.{e}.up_proj.weight": (inter, h),
+                           p + f"mlp.experts.{e}.down_proj.weight": (h, inter)})
+        shapes.update({p + "mlp.shared_experts.gate_proj.weight": (shared, h),
+                       p + "mlp.shared_experts.up_proj.weight": (shared, h),
+                       p + "mlp.shared_experts.down_proj.weight": (h, shared)})
+    else:
+        inter = cfg["intermediate_size"]
+        shapes.update({p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                       p + "mlp.down_proj.weight": (h, inter)})
+    return shapes
+
+
+def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
+    """Norms near 1, biases and the router's correction bias small, matrices scaled by their fan-in."""
+    rng = np.random.default_rng(seed)
+    h, v, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    for i in range(n + 1):  # the last one: the nextn layer's decoder block
+        shapes.update(layer_shapes(cfg, i, moe=i >= cfg["first_k_dense_replace"]))
+    p = f"model.layers.{n}."
+    shapes.update({p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
+                   p + "shared_head.norm.weight": (h,)})
+    weights = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            weights[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif len(shape) == 1:
+            weights[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            weights[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            weights[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    weights[p + "embed_tokens.weight"] = weights["model.embed_tokens.weight"]  # DeepSeek stores copies
+    weights[p + "shared_head.head.weight"] = weights["lm_head.weight"]
+    return weights
+
+
+def build_nextn_checkpoint(out_dir: str | Path, family: str, tokenizer_dir: str | Path, seed: int = 0) -> Path:
+    tokenizer_dir = Path(tokenizer_dir)
+    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    cfg = config(family, len(vocab))
+    return write_checkpoint(Path(out_dir), cfg, random_weights(cfg, seed), tokenizer_dir)
+
+
+def train_nextn(checkpoint: Path, texts: list[str], steps: int = 150, seed: int = 0) -> Path:
+    """Train the nextn layer's own tensors (its norms and eh_proj; the decoder block stays as drawn) on the
+    target's greedy continuations of `texts`, in place: row p pairs embed(t_{p+1}) with the target's post-norm
+    state at p and learns the target's choice after p + 1, so that drafting those texts gets drafts accepted."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models.cache import KVCache
+    from mlx_lm.utils import load_model, load_tokenizer
+    from safetensors.numpy import load_file, save_file
+    from tiny_heads import fit, greedy_continuations
+
+    from mlx_spec.models.nextn import load_nextn, prefix
+
+    mx.random.seed(seed)
+    target, cfg = load_model(checkpoint)
+    nextn = load_nextn(checkpoint, cfg, [checkpoint / "model.safetensors"])
+    nextn.layers[0].freeze()
+    rows = []
+    for sequence in greedy_continuations(target, load_tokenizer(checkpoint), texts, tokens=120):
+        hidden = target.model(mx.array(sequence)[None])[0]
+        labels = mx.argmax(target.lm_head(hidden), -1)
+        rows.append((target.model.embed_tokens(mx.array(sequence[1:])), hidden[:-1], labels[1:]))
+    mx.eval(rows)
+
+    def loss(nextn):
+        total = 0.0
+        for embeddings, hidden, labels in rows:
+            out = nextn(embeddings[None], hidden[None], [KVCache()])[0]
+            total = total + nn.losses.cross_entropy(target.lm_head(nextn.shared_norm(out)), labels).mean()
+        return total / len(rows)
+
+    fit(nextn, loss, steps, 1e-2)
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    p = prefix(cfg)
+    for ours, theirs in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
+                         ("shared_norm", "shared_head.norm")):
+        weights[f"{p}{theirs}.weight"] = np.array(getattr(nextn, ours).weight)
+    save_file(weights, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    return checkpoint
