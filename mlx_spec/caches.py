@@ -8,7 +8,8 @@ the models pass `window_size` to the mask), so the last `slack` positions can al
 
 Full-attention caches are `TreeKVCache` / `QuantizedTreeKVCache`: while `attend` is set, a forward sees the cached
 prefix and, among the last positions, only what `attend` allows (a token tree's ancestors); `keep` then
-compacts the kept positions of such a block to the front of it.
+compacts the kept positions of such a block to the front of it. Sliding-window caches are `TreeRotatingKVCache`:
+the same for a tree verified in one forward, each node seeing the keys within the window of its own position.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
+from . import compat
 from .compat import positions, set_write_index, write_index
 from .errors import SpecError
 
@@ -28,6 +30,7 @@ class TreeMask:
     position before them. mlx-lm asks the cache for the mask (`create_attention_mask`)."""
 
     attend: mx.array | None = None
+    depths: mx.array | None = None  # (n,) each new position's depth in the tree, while `attend` is set
 
     def make_mask(self, n: int, *args, **kwargs):
         if self.attend is None:
@@ -40,15 +43,15 @@ class TreeMask:
 def tree_forward(caches: list, attend, token_positions: list[int]):
     """Within: a forward over `caches` (TreeMasks) sees what `attend` allows (see TreeMask) and places its
     tokens at `token_positions` (rotary embeddings made positionable by `compat.positioned_ropes`)."""
-    mask = mx.array(attend)
+    mask, placed = mx.array(attend), mx.array(token_positions)
     for cache in caches:
-        cache.attend = mask
+        cache.attend, cache.depths = mask, placed - token_positions[0]
     try:
-        with positions(mx.array(token_positions)):
+        with positions(placed):
             yield
     finally:
         for cache in caches:
-            cache.attend = None
+            cache.attend = cache.depths = None
 
 
 class TreeKVCache(TreeMask, KVCache):
@@ -57,6 +60,23 @@ class TreeKVCache(TreeMask, KVCache):
 
 class QuantizedTreeKVCache(TreeMask, QuantizedKVCache):
     pass
+
+
+class TreeRotatingKVCache(TreeMask, RotatingKVCache):
+    """A sliding-window cache that verifies a tree in one forward (`attend` over the new positions only): node i,
+    at depth d_i, sees the cached keys within the window of its own position and its ancestors within it. The
+    keys a multi-token update attends to are the last min(max_size - 1, offset) cached ones, in order, then the
+    new ones (mlx-lm's `_update_concat`), the root of the tree first."""
+
+    def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False):
+        if self.attend is None or n == 1:  # one position: a plain step, written in place
+            return RotatingKVCache.make_mask(self, n, window_size=window_size, return_array=return_array)
+        if self.attend.shape[1] != n:
+            raise SpecError("a sliding-window cache verifies a tree in one forward, not level by level")
+        window, prefix = window_size or self.max_size, min(self.max_size - 1, self.offset)
+        depth = self.depths
+        cached = mx.arange(prefix)[None, :] > prefix + depth[:, None] - window
+        return mx.concatenate([cached, self.attend & (depth[:, None] - depth[None, :] < window)], axis=1)
 
 
 class RecurrentCache(ArraysCache):
@@ -105,7 +125,7 @@ def make_caches(model, slack: int, kv_bits: int | None = None, kv_group_size: in
     caches = []
     for cache in make_prompt_cache(model):
         if type(cache) is RotatingKVCache:
-            cache = RotatingKVCache(max_size=cache.max_size + slack, keep=cache.keep)
+            cache = TreeRotatingKVCache(max_size=cache.max_size + slack, keep=cache.keep)
         elif type(cache) is KVCache:
             cache = QuantizedTreeKVCache(kv_group_size, kv_bits) if kv_bits else TreeKVCache()
         elif type(cache) is ArraysCache and recurrent:
@@ -123,14 +143,23 @@ def unsupported_cache(caches: list) -> str | None:
 
 
 def trimmable(caches: list) -> bool:
-    """Whether any number of positions can be removed, or a tree's be compacted (full KV caches only)."""
-    return all(isinstance(cache, TreeMask) for cache in caches)
+    """Whether any number of positions can be removed (full KV caches only)."""
+    return all(isinstance(cache, (TreeKVCache, QuantizedTreeKVCache)) for cache in caches)
+
+
+def verifies_trees(caches: list, by_levels: bool = False) -> bool:
+    """Whether a tree can be verified over these caches in one forward (full and sliding-window KV caches), or,
+    `by_levels`, grown over them one level per forward (full KV caches only)."""
+    return trimmable(caches) if by_levels else all(isinstance(cache, TreeMask) for cache in caches)
 
 
 def keep(caches: list, block: int, kept: list[int]) -> None:
     """Of the last `block` positions, keep those at `kept` (indices into the block, ascending), moved to the
-    front of the block in that order; remove the others. Full KV caches only (`trimmable`)."""
+    front of the block in that order; remove the others. Full and sliding-window KV caches only."""
     for cache in caches:
+        if isinstance(cache, RotatingKVCache):
+            _keep_rotating(cache, block, kept)
+            continue
         start = cache.offset - block
         if kept != list(range(len(kept))):  # a chain's prefix is already in place
             rows = mx.array([start + i for i in kept])
@@ -138,6 +167,24 @@ def keep(caches: list, block: int, kept: list[int]) -> None:
                 for buffer in buffers if isinstance(buffers, tuple) else (buffers,):  # quantized: data, scales, biases
                     buffer[..., start:start + len(kept), :] = buffer[..., rows, :]
         cache.offset = start + len(kept)
+
+
+def _keep_rotating(cache: RotatingKVCache, block: int, kept: list[int]) -> None:
+    """`keep` on a sliding-window cache: a kept prefix is a rollback; anything else followed a multi-token
+    update, which leaves the buffer in temporal order with the block at its end (`_rollback_rotating`)."""
+    if kept == list(range(len(kept))):
+        if block > len(kept):
+            _rollback_rotating(cache, block - len(kept))
+        return
+    if write_index(cache) != cache.keys.shape[2]:
+        raise compat.broken("RotatingKVCache's multi-token update (no longer leaves the keys in temporal order)")
+    start = cache.keys.shape[2] - block
+    rows = mx.array([start + i for i in kept])
+    end = start + len(kept)
+    cache.keys = mx.concatenate([cache.keys[..., :start, :], cache.keys[..., rows, :]], axis=2)
+    cache.values = mx.concatenate([cache.values[..., :start, :], cache.values[..., rows, :]], axis=2)
+    set_write_index(cache, end)
+    cache.offset += len(kept) - block
 
 
 def rollback(caches: list, n: int, slack: int) -> None:

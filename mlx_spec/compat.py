@@ -1,7 +1,8 @@
 """Every use of mlx-lm internals, in one place, with a self-check at first use.
 
 mlx-spec relies on things mlx-lm does not promise to keep between releases:
-- `RotatingKVCache._idx`, its ring-buffer write index (rollback of sliding-window caches, `visible_kv`);
+- `RotatingKVCache._idx`, its ring-buffer write index (rollback of sliding-window caches, `visible_kv`), and the
+  temporal order a multi-token update leaves its keys in (a tree's kept path, `caches.keep`);
 - the order in which a Gated DeltaNet layer writes its `ArraysCache` on a single-token step (conv window
   first, recurrent state last: `RecurrentCache` records a position when the state is written), and the
   attributes and the bias-free depthwise conv of mlx-lm's GDN layers that the capturing layers in

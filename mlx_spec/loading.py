@@ -258,7 +258,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     if tree_width > 1 and chosen is not None:
         where, problem = target.path.name, runner.tree_problem()
         if problem is None and isinstance(chosen, DraftModelDrafter):
-            where, problem = draft_path.name, chosen.runner.tree_problem()
+            where, problem = draft_path.name, chosen.runner.tree_problem(by_levels=True)
         chosen.width, chosen.no_tree = (1, f"{where} {problem}") if problem else (tree_width, None)
 
     def sibling(name: str) -> Engine:

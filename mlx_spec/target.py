@@ -8,7 +8,8 @@ import mlx.core as mx
 import numpy as np
 
 from . import compat
-from .caches import RecurrentCache, keep, make_caches, rollback, tree_forward, trimmable, unsupported_cache
+from .caches import (RecurrentCache, keep, make_caches, rollback, tree_forward, trimmable, unsupported_cache,
+                     verifies_trees)
 from .errors import SpecError
 from .models import qwen3_5
 
@@ -91,10 +92,13 @@ class Target:
         name = unsupported_cache(self.cache)
         return name and f"its {name} cache cannot be rolled back yet"
 
-    def tree_problem(self) -> str | None:
-        """Why this model cannot verify a token tree in one forward (None when it can)."""
-        if not trimmable(self.cache):
-            return "its sliding-window or recurrent layers keep one sequence, not the branches of a tree"
+    def tree_problem(self, by_levels: bool = False) -> str | None:
+        """Why this model cannot verify a token tree in one forward, or, `by_levels`, grow one a level per
+        forward (a draft model's trees); None when it can."""
+        if not verifies_trees(self.cache, by_levels):
+            if verifies_trees(self.cache):
+                return "its sliding-window layers verify a tree in one forward but cannot grow one level by level"
+            return "its recurrent layers keep one sequence, not the branches of a tree"
         compat.check_trees()
         if compat.positioned_ropes(self.model) != len(self.cache):
             return "not every attention layer has a rotary embedding of its own that mlx-spec can place"

@@ -190,11 +190,44 @@ def assert_follows(counts: np.ndarray, p: np.ndarray) -> None:
     assert chi2 < 3 * support.sum() + 10, (chi2, counts / n, p)
 
 
-def test_sliding_window_target_drafts_chains_and_says_why(tiny):
+def test_sliding_window_targets_verify_trees_past_the_window(tiny):
+    """A Gemma 3 target (16-token window) verifies the trees of a full-attention draft exactly, far past its
+    window; its own layer-skip draft, sliding too, cannot grow trees level by level and drafts chains, saying
+    why."""
+    ids = mlx_spec.load(str(tiny["gemma3"]), drafter="off").encode(PROMPT * 2)
+    expected = plain_greedy(tiny["gemma3"], ids, 90)
+    engine = mlx_spec.load(str(tiny["gemma3"]), draft_model=str(tiny["qwen3-draft"]), tree_width=3, draft_len=3)
+    assert engine.status().shape == "tree of width 3"
+    result = engine.generate(ids, max_tokens=90)
+    assert result.tokens == expected and result.stats.nodes > result.stats.drafted and result.stats.accepted > 0
     engine = mlx_spec.load(str(tiny["gemma3"]), draft_model=str(tiny["gemma3-draft"]), tree_width=3)
-    assert engine.status().shape.startswith("chain (no tree: gemma3 its sliding-window")
-    ids = engine.encode(PROMPT)
-    assert engine.generate(ids, max_tokens=60).tokens == plain_greedy(tiny["gemma3"], ids, 60)
+    assert engine.status().shape.startswith("chain (no tree: gemma3-draft its sliding-window layers verify a tree "
+                                            "in one forward but cannot grow one level by level")
+    assert engine.generate(ids, max_tokens=60).tokens == expected[:60]
+
+
+def test_the_sliding_window_tree_mask_is_the_brute_force_one():
+    """After wraps and rollbacks, a tree's mask over a sliding-window cache: node i at position q_i sees a
+    cached key at position p iff q_i - window < p, and a node at p iff it is an ancestor (or itself) with
+    q_i - window < p; checked as mlx-lm lays the keys out for a multi-token update."""
+    from mlx_spec.caches import TreeRotatingKVCache, rollback, tree_forward
+
+    window, slack = 6, 5
+    cache = TreeRotatingKVCache(max_size=window + slack)
+    for t in range(23):
+        cache.update_and_fetch(mx.full((1, 1, 1, 1), float(t)), mx.zeros((1, 1, 1, 1)))
+    rollback([cache], 3, slack)
+    draft = Draft(mx.array([1, 2, 3, 4, 5, 6, 7]), parents=[-1, -1, 0, 1, 2, 4, 5])  # depths 1 1 2 2 3 4 5
+    depths = [0, *draft.depths()]
+    with tree_forward([cache], draft.attention(), [cache.offset + d for d in depths]):
+        mask = np.array(cache.make_mask(8, window_size=window))
+    prefix = min(cache.max_size - 1, cache.offset)
+    ancestors = draft.attention()
+    for i, d in enumerate(depths):
+        q = cache.offset + d
+        sees = [q - window < cache.offset - prefix + j for j in range(prefix)]
+        sees += [bool(ancestors[i, a]) and q - window < cache.offset + depths[a] for a in range(8)]
+        assert mask[i].tolist() == sees, i
 
 
 def test_tree_width_refusals(tiny):
