@@ -182,6 +182,18 @@ def batch(args) -> int:
     return 1 if bad else 0
 
 
+def train_mtp(args) -> int:
+    from .train_mtp import train
+
+    if args.max_hours is not None and args.max_hours <= 0:
+        raise SpecError(f"--max-hours must be > 0, got {args.max_hours}")
+    out = train(args.model, args.data, args.out, args.steps, args.batch_tokens, args.lr, args.max_hours,
+                args.vocab_top, args.seq_len, args.eval_every, args.checkpoint_every, args.seed,
+                progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"wrote the MTP head to {out}: draft with it by --draft-model {out}", file=sys.stderr)
+    return 0
+
+
 def bench(args) -> int:
     from .bench import load_prompts, run_bench, svg_chart, table
     from .files import check_writable
@@ -329,6 +341,23 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 503")
     srv.add_argument("--timeout", type=float, default=600, help="seconds a request may run (default 600)")
     srv.set_defaults(run=serve)
+
+    trn = commands.add_parser("train-mtp", help="train an MTP head for a model that has none (Llama, Qwen2/3, "
+                                                "Mistral, SmolLM), on this machine")
+    trn.add_argument("--model", required=True, help="the target: directory, models.toml name or hub id")
+    trn.add_argument("--data", required=True, nargs="+", help="text files or folders of them to train on")
+    trn.add_argument("--out", required=True, help="the head's directory (must not exist; then --draft-model OUT)")
+    trn.add_argument("--steps", type=int, default=2000)
+    trn.add_argument("--batch-tokens", type=int, default=2048, help="tokens per step")
+    trn.add_argument("--lr", type=float, default=1e-3)
+    trn.add_argument("--max-hours", type=float, help="stop after this long and write the head trained so far")
+    trn.add_argument("--vocab-top", type=int, default=32768,
+                     help="the head's vocabulary: the N tokens the data uses most (default 32768)")
+    trn.add_argument("--seq-len", type=int, default=256)
+    trn.add_argument("--eval-every", type=int, default=200, help="steps between held-out acceptance reports")
+    trn.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (resume: rerun)")
+    trn.add_argument("--seed", type=int, default=0)
+    trn.set_defaults(run=train_mtp)
 
     conv = commands.add_parser("convert", help="convert a Hugging Face checkpoint (keeping its MTP layer) or a GGUF "
                                                "file to MLX")

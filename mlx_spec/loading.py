@@ -24,6 +24,7 @@ from .models import materialize
 from .models.eagle3 import feature_layers, is_eagle3, load_eagle3, trained_for
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.medusa import is_medusa, load_medusa
+from .models.mtp_head import is_mtp_head, load_head
 from .models.nextn import check_supported, declared_nextn_layers, is_nextn, load_nextn
 from .models.qwen3_5 import checkpoint_files, declared_mtp_layers, lm_head, load_mtp, text_model
 from .target import Target
@@ -203,12 +204,14 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
     draft_config = read_config(draft_path) if draft_path else {}
     assistant, medusa, eagle3 = is_assistant(draft_config), is_medusa(draft_config), is_eagle3(draft_config)
-    if tree_width > 1 and assistant:
-        raise SpecError("--tree-width needs a draft model: a Gemma 4 assistant proposes chains only")
+    head = is_mtp_head(draft_config)
+    if tree_width > 1 and (assistant or head):
+        raise SpecError(f"--tree-width needs a draft model: {'a Gemma 4 assistant' if assistant else 'an MTP head'} "
+                        "proposes chains only")
     max_draft_len = target.entry.get("draft_len") or (
         ASSISTANT_MAX_DRAFT_LEN if assistant else draft_config["medusa_num_heads"] if medusa
-        else DRAFTERS[drafter].max_draft_len)
-    wants_hidden = (mtp_hidden if drafter == "mtp" else "post" if assistant or medusa
+        else DRAFTERS["mtp" if head else drafter].max_draft_len)
+    wants_hidden = (mtp_hidden if drafter == "mtp" else "post" if assistant or medusa or head
                     else eagle3_features(draft_path, draft_config, target) if eagle3 else None)
     if kv_bits and (problem := kv_quantization_problem(target.config, kv_group_size)):
         raise SpecError(f"--kv-bits cannot be used with {target.path}: {problem}")
@@ -240,6 +243,9 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         chosen = load_assistant_drafter(draft_path, target, runner, kv_bits)
     elif medusa:
         chosen = load_medusa_drafter(draft_path, draft_config, target)
+    elif head:
+        mtp = load_head(draft_path, draft_config, target.model, target.config)
+        chosen = MTPDrafter(mtp, compat.input_embedding(target.model), mtp.logits)
     elif eagle3:
         check_memory(draft_path, None, what="EAGLE-3 head")
         chosen = Eagle3Drafter(load_eagle3(draft_path, draft_config), target.model)  # paired: eagle3_features

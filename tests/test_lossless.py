@@ -29,6 +29,7 @@ def test_greedy_equals_plain_decoding(tiny, family, drafter, penalty):
 @pytest.mark.parametrize("family,draft,options", [
     *[(family, f"{family}-draft", {}) for family in FAMILIES], ("qwen3", "qwen3-draft", {"tree_width": 2}),
     ("qwen3", "qwen3-eagle3", {"tree_width": 3}), ("llama", None, {"drafter": "lookahead"}),
+    ("qwen3", "qwen3-mtp-head", {}),
     ("qwen3_5", None, {"drafter": "mtp"}), ("gemma4", "gemma4-assistant", {})])
 def test_changing_draft_lengths_stay_exact(tiny, family, draft, options):
     """The adaptive policy changes the draft length (and a tree drafter's shape) every few rounds and turns

@@ -79,6 +79,7 @@ def first_candidates(draft) -> list[int]:
 
 @pytest.mark.parametrize("family,drafter,draft", [("qwen3", "draft-model", "qwen3-noisy"), ("qwen3", "ngram", None),
                                                   ("qwen3", "lookahead", None), ("deepseek_v3", "mtp", None),
+                                                  ("qwen3", "draft-model", "qwen3-mtp-head"),
                                                   ("qwen3_5", "mtp", None), ("qwen3", "draft-model", "qwen3-eagle3"),
                                                   ("gemma4", "draft-model", "gemma4-assistant-trained")])
 def test_sampled_sequences_follow_the_target(tiny, family, drafter, draft):

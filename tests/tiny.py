@@ -17,7 +17,7 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
-from tiny_heads import build_eagle3, build_medusa, fit
+from tiny_heads import build_eagle3, build_medusa, build_mtp_head, fit
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -606,6 +606,7 @@ def build_suite(root: str | Path) -> dict[str, Path]:
     paths["qwen3-medusa"] = build_medusa(root / "qwen3-medusa", paths["qwen3"], HEAD_TEXTS)
     paths["qwen3-eagle3"] = build_eagle3(root / "qwen3-eagle3", paths["qwen3"], HEAD_TEXTS, feature_layers=[0, 2, 3])
     paths["llama-eagle3"] = build_eagle3(root / "llama-eagle3", paths["llama"], HEAD_TEXTS)  # layers 2, 1, 0
+    paths["qwen3-mtp-head"] = build_mtp_head(root / "qwen3-mtp-head", paths["qwen3"], HEAD_TEXTS)
     paths["llama-draft"] = build_layer_skip_draft(root / "llama-draft", paths["llama"], keep_layers=1)
     paths["gemma3-draft"] = build_layer_skip_draft(root / "gemma3-draft", paths["gemma3"], keep_layers=3)
     paths["qwen3_5-draft"] = build_layer_skip_draft(root / "qwen3_5-draft", paths["qwen3_5"], keep_layers=4)

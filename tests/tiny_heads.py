@@ -178,3 +178,22 @@ def build_eagle3(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     return out_dir
+
+
+def build_mtp_head(out_dir: str | Path, target_dir: str | Path, texts: list[str], vocab_top: int = 256,
+                   steps: int = 80) -> Path:
+    """An `mlx-spec train-mtp` head (reduced to `vocab_top` tokens) trained by its own Trainer on the target's
+    greedy continuations of `texts`, as token ids (a random model's text does not tokenize back to its ids)."""
+    from mlx_spec.loading import load_target
+    from mlx_spec.models.mtp_head import head_config, save_head
+    from mlx_spec.train_mtp import Trainer
+
+    target = load_target(str(target_dir))
+    sequences = greedy_continuations(target.model, target.tokenizer, texts, tokens=120)
+    length = min(map(len, sequences))
+    rows = np.array([s[:length] for s in sequences] + [sequences[0][:length]], dtype=np.int32)  # held out: a copy
+    trainer = Trainer(target.model, target.config, rows, vocab_top, len(texts) * (length - 1), 3e-3, seed=0)
+    for _ in range(steps):
+        trainer.train_step()
+    save_head(trainer.head, head_config(target.config, vocab_top, {"steps": steps}), Path(out_dir))
+    return Path(out_dir)

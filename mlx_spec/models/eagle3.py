@@ -27,6 +27,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from .. import compat
 from ..errors import SpecError
+from . import load_exactly
 
 
 def is_eagle3(config: dict) -> bool:
@@ -143,11 +144,8 @@ def load_eagle3(path: Path, config: dict) -> Eagle3:
     head = Eagle3(config, "embed_tokens.weight" in weights)
     if quantization := config.get("quantization"):
         nn.quantize(head, group_size=quantization["group_size"], bits=quantization["bits"])
-    try:
-        head.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise SpecError(f"{path}: the weights do not fit the EAGLE-3 head its config.json describes ({e}): "
-                        "re-download the head") from None
+    load_exactly(head, weights, f"{path}: the weights do not fit the EAGLE-3 head its config.json describes ({{}}): "
+                                "re-download the head")
     if head.draft_vocab != trained_for(config)[1]:
         if d2t is None or d2t.shape != (head.draft_vocab,):
             raise SpecError(f"{path}: a draft vocabulary of {head.draft_vocab} tokens needs a d2t map of that "

@@ -27,7 +27,7 @@ from mlx_lm.models import gemma4_text
 
 from ..compat import gemma4_layer
 from ..errors import SpecError
-from . import materialize
+from . import load_exactly
 
 MODEL_TYPE = "gemma4_assistant"
 
@@ -125,10 +125,6 @@ def load_assistant(path: Path) -> Gemma4Assistant:
     assistant = Gemma4Assistant(config)
     if quantization := config.get("quantization"):
         quantize(assistant, quantization["group_size"], quantization["bits"])
-    try:
-        assistant.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise SpecError(f"the weights in {path} do not fit a Gemma 4 assistant ({e}): re-download or "
-                        "re-convert it") from None
-    materialize(assistant)
+    load_exactly(assistant, weights, f"the weights in {path} do not fit a Gemma 4 assistant ({{}}): re-download or "
+                                     "re-convert it")
     return assistant

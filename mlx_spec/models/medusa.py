@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import SpecError
+from . import load_exactly
 
 WEIGHTS = "medusa_lm_head.safetensors"
 
@@ -74,9 +75,5 @@ def load_medusa(path: Path, config: dict) -> MedusaHeads:
         renamed[f"heads.{head}.out.weight" if block == layers else f"heads.{head}.blocks.{block}.{kind}"] = value
     vocab, hidden = weights[f"0.{layers}.weight"].shape if f"0.{layers}.weight" in weights else (0, 0)
     model = MedusaHeads(heads, layers, hidden, vocab)
-    try:
-        model.load_weights(list(renamed.items()), strict=True)
-    except ValueError as e:
-        raise SpecError(f"{file} does not match its config.json ({e}): re-download the heads") from None
-    mx.eval(model.parameters())
+    load_exactly(model, renamed, f"{file} does not match its config.json ({{}}): re-download the heads")
     return model

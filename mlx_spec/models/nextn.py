@@ -23,6 +23,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from .. import compat
 from ..errors import SpecError
+from . import load_exactly
 
 LAYERS = {"deepseek_v3": (deepseek_v3, deepseek_v3.DeepseekV3DecoderLayer),
           "glm4_moe": (glm4_moe, glm4_moe.DecoderLayer)}  # model_type -> (mlx-lm module, its decoder layer)
@@ -96,11 +97,7 @@ def build_nextn(config: dict, tensors: dict, original: bool, quantization: dict 
                                                                             nextn.args, block).items()}}
     if quantization:
         nn.quantize(nextn, group_size=quantization["group_size"], bits=quantization["bits"])
-    try:
-        nextn.load_weights(list(weights.items()), strict=True)
-    except (ValueError, KeyError) as e:
-        raise SpecError(f"the nextn layer's tensors do not fit this model ({e})") from None
-    mx.eval(nextn.parameters())
+    load_exactly(nextn, weights, "the nextn layer's tensors do not fit this model ({})")
     return nextn
 
 

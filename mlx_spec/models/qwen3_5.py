@@ -28,7 +28,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 from ..caches import RecurrentCache
 from ..compat import swap_class
 from ..errors import SpecError
-from . import materialize
+from . import load_exactly
 
 
 @mx.compile
@@ -242,11 +242,8 @@ def build_mtp(config: dict, tensors: dict, zero_centred: bool, quantization: dic
     mtp = MTP(config)
     if quantization:
         nn.quantize(mtp, group_size=quantization["group_size"], bits=quantization["bits"])
-    try:
-        mtp.load_weights(list(split_fused_experts(weights, "layers.0.mlp").items()), strict=True)
-    except ValueError as e:
-        raise SpecError(f"the mtp.* tensors do not fit this model's MTP layer ({e})") from None
-    materialize(mtp)
+    load_exactly(mtp, split_fused_experts(weights, "layers.0.mlp"),
+                 "the mtp.* tensors do not fit this model's MTP layer ({})")
     return mtp
 
 

@@ -1,0 +1,115 @@
+"""`mlx-spec train-mtp`: the training step, a trained head drafting exactly, the command line, resuming after a
+kill, refusals."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import assert_one_line_error, default_ctrl_c, plain_greedy, run_cli
+from safetensors.numpy import load_file
+from tiny import HEAD_TEXTS, corpus_text
+from tiny_heads import greedy_continuations
+
+import mlx_spec
+from mlx_spec.loading import load_target
+from mlx_spec.train_mtp import Trainer
+
+
+def test_the_training_step_lowers_the_loss(tiny):
+    target = load_target(str(tiny["qwen3"]))
+    sequences = greedy_continuations(target.model, target.tokenizer, HEAD_TEXTS[:2], tokens=40)
+    length = min(map(len, sequences))
+    rows = np.array([s[:length] for s in sequences], dtype=np.int32)
+    trainer = Trainer(target.model, target.config, rows, 128, length - 1, 3e-3, seed=0)
+    losses = [trainer.train_step() for _ in range(12)]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert trainer.head.ids.shape == (128,)
+
+
+def test_a_trained_head_drafts_exactly_and_well(tiny):
+    """The suite's head (256 of 512 tokens, trained on the target's continuations of the head texts): drafting
+    those texts is greedy-exact and its first drafts are mostly accepted; tokens outside its vocabulary are never
+    proposed."""
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-mtp-head"]), draft_len=2)
+    assert engine.status().drafter == "mtp"
+    first = []
+    for text in HEAD_TEXTS:
+        ids = engine.encode(text)
+        result = engine.generate(ids, max_tokens=60)
+        assert result.tokens == plain_greedy(tiny["qwen3"], ids, 60)
+        first.append(result.stats.per_position_acceptance[0])
+    assert min(first) > 0.5, first
+    head = engine.drafter.mtp
+    outside = np.setdiff1d(np.arange(512), np.array(head.ids))
+    logits = np.array(head.logits(head(engine.target.model.model.embed_tokens(mx.array([[3, 4]])),
+                                       mx.ones((1, 2, 64))))[0])
+    assert np.isneginf(logits[:, outside]).all() and np.isfinite(logits[:, np.array(head.ids)]).all()
+
+
+def train_command(tiny, data, out, *extra):
+    return [sys.executable, "-m", "mlx_spec.cli", "train-mtp", "--model", str(tiny["qwen3"]), "--data", str(data),
+            "--out", str(out), "--seq-len", "32", "--batch-tokens", "1024", "--vocab-top", "128", "--eval-every", "20",
+            "--checkpoint-every", "3", *extra]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    text = corpus_text()
+    for i in range(4):
+        (data / f"part{i}.py").write_text(text[i * 3000:(i + 1) * 3000])
+    return data
+
+
+def test_train_mtp_on_text_and_resume_after_a_kill(tiny, tmp_path, corpus):
+    unbroken = subprocess.run(train_command(tiny, corpus, tmp_path / "unbroken", "--steps", "60"),
+                              capture_output=True, text=True, timeout=300)
+    assert unbroken.returncode == 0, unbroken.stderr
+    assert "held-out first-draft acceptance" in unbroken.stderr and "--draft-model" in unbroken.stderr
+    config = json.loads((tmp_path / "unbroken" / "config.json").read_text())
+    assert config["architectures"] == ["MTPHead"] and config["training"]["steps"] == 60
+
+    out = tmp_path / "killed"
+    checkpoint = tmp_path / ".killed.train-mtp-checkpoint" / "step.json"
+    proc = subprocess.Popen(train_command(tiny, corpus, out, "--steps", "60"), stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_ctrl_c)
+    for _ in range(3000):
+        if checkpoint.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert checkpoint.exists() and not out.exists()
+    resumed = subprocess.run(train_command(tiny, corpus, out, "--steps", "60"), capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from step" in resumed.stderr and not checkpoint.parent.exists()
+    for name, value in load_file(str(tmp_path / "unbroken" / "model.safetensors")).items():
+        np.testing.assert_array_equal(value, load_file(str(out / "model.safetensors"))[name], err_msg=name)
+
+    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(out), "--prompt", HEAD_TEXTS[0],
+                   "--raw", "--max-tokens", "20", "--num-draft", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    ids = mlx_spec.load(str(tiny["qwen3"]), drafter="off").encode(HEAD_TEXTS[0])
+    assert json.loads(proc.stdout)["tokens"] == plain_greedy(tiny["qwen3"], ids, 20)
+
+
+def test_train_mtp_refusals(tiny, tmp_path, corpus):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(run_cli(*train_command(tiny, empty, tmp_path / "a")[3:]), "holds no text files")
+    exists = tmp_path / "exists"
+    exists.mkdir()
+    assert_one_line_error(run_cli(*train_command(tiny, corpus, exists)[3:]), "already exists")
+    hybrid = train_command(tiny, corpus, tmp_path / "b")[3:]
+    hybrid[hybrid.index("--model") + 1] = str(tiny["qwen3_5"])
+    assert_one_line_error(run_cli(*hybrid), "'qwen3_5'", "ship their own MTP layer")
+    wrong = run_cli("generate", "--model", str(tiny["llama"]), "--draft-model", str(tiny["qwen3-mtp-head"]),
+                    "--prompt", "hi")
+    assert_one_line_error(wrong, "trained for a target with model_type 'qwen3'", "mlx-spec train-mtp")
