@@ -352,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--lr", type=float, default=1e-3)
     trn.add_argument("--max-hours", type=float, help="stop after this long and write the head trained so far")
     trn.add_argument("--vocab-top", type=int, default=32768,
-                     help="the head's vocabulary: the N tokens the data uses most (default 32768)")
+                     help="the head's vocabulary: the N tokens the data uses most (default 32768; 0: all)")
     trn.add_argument("--seq-len", type=int, default=256)
     trn.add_argument("--eval-every", type=int, default=200, help="steps between held-out acceptance reports")
     trn.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (resume: rerun)")

@@ -171,10 +171,13 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
     if out_dir.exists():
         raise SpecError(f"{out_dir} already exists: choose a new --out or delete it")
     check_writable(str(out_dir), "--out")
-    for name, value, least in (("--steps", steps, 1), ("--batch-tokens", batch_tokens, seq_len),
-                               ("--vocab-top", vocab_top or 1, 1)):
+    for name, value, least in (("--steps", steps, 1), ("--seq-len", seq_len, 2),
+                               ("--batch-tokens", batch_tokens, seq_len), ("--vocab-top", 1 if vocab_top is None else vocab_top, 0),
+                               ("--eval-every", eval_every, 1), ("--checkpoint-every", checkpoint_every, 1)):
         if value < least:
             raise SpecError(f"{name} must be >= {least}, got {value}")
+    if not lr > 0:
+        raise SpecError(f"--lr must be > 0, got {lr}")
     loaded = load_target(model)
     check_trainable(loaded.config, loaded.path)
     mx.random.seed(seed)

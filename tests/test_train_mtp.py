@@ -104,6 +104,9 @@ def test_train_mtp_refusals(tiny, tmp_path, corpus):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_one_line_error(run_cli(*train_command(tiny, empty, tmp_path / "a")[3:]), "holds no text files")
+    short = train_command(tiny, corpus, tmp_path / "c")[3:]
+    short[short.index("--seq-len") + 1] = "1"
+    assert_one_line_error(run_cli(*short), "--seq-len must be >= 2")
     exists = tmp_path / "exists"
     exists.mkdir()
     assert_one_line_error(run_cli(*train_command(tiny, corpus, exists)[3:]), "already exists")
