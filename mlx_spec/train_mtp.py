@@ -172,7 +172,8 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
         raise SpecError(f"{out_dir} already exists: choose a new --out or delete it")
     check_writable(str(out_dir), "--out")
     for name, value, least in (("--steps", steps, 1), ("--seq-len", seq_len, 2),
-                               ("--batch-tokens", batch_tokens, seq_len), ("--vocab-top", 1 if vocab_top is None else vocab_top, 0),
+                               ("--batch-tokens", batch_tokens, seq_len),
+                               ("--vocab-top", 1 if vocab_top is None else vocab_top, 0),
                                ("--eval-every", eval_every, 1), ("--checkpoint-every", checkpoint_every, 1)):
         if value < least:
             raise SpecError(f"{name} must be >= {least}, got {value}")
@@ -190,13 +191,14 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
         progress(f"resuming from step {trainer.step} ({checkpoint})")
     start, per_step = time.perf_counter(), trainer.batch * seq_len
     deadline = start + 3600 * max_hours if max_hours else None
-    first = trainer.step
+    first, acceptance = trainer.step, None
     while trainer.step < steps:
-        loss = trainer.train_step()
+        loss, acceptance = trainer.train_step(), None
         rate = (trainer.step - first) * per_step / (time.perf_counter() - start)
         if trainer.step % eval_every == 0 or trainer.step == steps:
+            acceptance = trainer.evaluate()
             progress(f"step {trainer.step}/{steps}: loss {loss:.3f}, held-out first-draft acceptance "
-                     f"{trainer.evaluate():.1%}, {rate:.0f} tokens/s, "
+                     f"{acceptance:.1%}, {rate:.0f} tokens/s, "
                      f"{(steps - trainer.step) * per_step / rate / 60:.0f} min to go")
         if trainer.step % checkpoint_every == 0 and trainer.step < steps:
             trainer.save_checkpoint(checkpoint)
@@ -204,7 +206,8 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
             progress(f"--max-hours reached at step {trainer.step}: writing the head trained so far")
             break
     record = {"steps": trainer.step, "seq_len": seq_len, "batch_tokens": trainer.batch * seq_len, "lr": lr,
-              "held_out_first_draft_acceptance": trainer.evaluate(), "data_tokens": int(trainer.train_rows.size)}
+              "held_out_first_draft_acceptance": trainer.evaluate() if acceptance is None else acceptance,
+              "data_tokens": int(trainer.train_rows.size)}
     from .convert import staging
 
     with staging(out_dir, "writing the MTP head") as work:

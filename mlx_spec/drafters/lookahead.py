@@ -6,10 +6,10 @@ token, then the window's first level up to column i, then its own levels 1..k-1,
 a chain, so the whole branch is a token tree that the engine's tree forward runs as it is. What the target
 predicts at the end of each column becomes the window's newest level, and each column's diagonal (the token it
 had, then its levels) an n-gram in the pool, which starts with the prompt's own n-grams (the reference
-implementation's POOL_FROM_PROMPT) and keeps each round's verified text in front. Up to `ngrams` pool n-grams that start with the last token are the
-round's candidates, verified with the rest of the tree; only they can be accepted, so the output is exactly the
-target's, the lookahead branch only predicts. The tree never exceeds MAX_DRAFT_LEN nodes: a long round narrows
-its window and takes fewer candidates.
+implementation's POOL_FROM_PROMPT) and keeps each round's verified text in front. Up to `ngrams` pool n-grams
+that start with the last token are the round's candidates, verified with the rest of the tree; only they can be
+accepted, so the output is exactly the target's, the lookahead branch only predicts. The tree never exceeds
+MAX_DRAFT_LEN nodes: a long round narrows its window and takes fewer candidates.
 """
 
 from __future__ import annotations

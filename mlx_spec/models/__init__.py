@@ -12,6 +12,13 @@ def materialize(model) -> None:
     mx.eval([value for module in model.modules() for value in module.values() if isinstance(value, mx.array)])
 
 
+def to_target_vocabulary(scores: mx.array, index: mx.array) -> mx.array:
+    """Scores over a head's reduced vocabulary (n, R) as scores over the target's (n, V): `index` maps each target
+    token to its row, R (past the last) for tokens outside it, which score -inf."""
+    padded = mx.concatenate([scores, mx.full((*scores.shape[:-1], 1), -mx.inf, dtype=scores.dtype)], axis=-1)
+    return mx.take(padded, index, axis=-1)
+
+
 def load_exactly(module, weights: dict, misfit: str) -> None:
     """Load `weights` (name -> array) into `module`, every parameter and nothing else, and `materialize` it; a
     mismatch is a SpecError: `misfit` with "{}" standing for what did not fit."""

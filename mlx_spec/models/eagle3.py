@@ -27,7 +27,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from .. import compat
 from ..errors import SpecError
-from . import load_exactly
+from . import load_exactly, to_target_vocabulary
 
 
 def is_eagle3(config: dict) -> bool:
@@ -113,8 +113,7 @@ class Eagle3(nn.Module):
         scores = self.lm_head(self.norm(g))
         if self.draft_vocab == self._to_target.shape[0]:
             return scores
-        padded = mx.concatenate([scores, mx.full((*scores.shape[:-1], 1), -mx.inf, dtype=scores.dtype)], axis=-1)
-        return mx.take(padded, self._to_target, axis=-1)
+        return to_target_vocabulary(scores, self._to_target)
 
 
 def read_weights(path: Path) -> dict:

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
 
 from ..errors import SpecError
-from . import load_exactly
+from . import load_exactly, to_target_vocabulary
 
 ARCHITECTURE = "MTPHead"
 KINDS = ("llama", "mistral", "qwen2", "qwen3")  # dense targets whose layers are called (x, mask, cache)
@@ -59,8 +60,6 @@ class MTPHead(nn.Module):
 
     def __call__(self, embeddings: mx.array, hidden: mx.array, cache: list | None = None) -> mx.array:
         x = self.eh_proj(mx.concatenate([self.enorm(embeddings), self.hnorm(hidden)], -1))
-        from mlx_lm.models.base import create_attention_mask
-
         layer_cache = cache[0] if cache else None
         return self.layers[0](x, mask=create_attention_mask(x, layer_cache), cache=layer_cache)
 
@@ -70,9 +69,7 @@ class MTPHead(nn.Module):
 
     def logits(self, x: mx.array) -> mx.array:
         """Scores over the target's vocabulary (n, V), -inf outside `ids`."""
-        scores = self.reduced_logits(x)
-        padded = mx.concatenate([scores, mx.full((*scores.shape[:-1], 1), -mx.inf, dtype=scores.dtype)], axis=-1)
-        return mx.take(padded, self._index, axis=-1)
+        return to_target_vocabulary(self.reduced_logits(x), self._index)
 
 
 def head_config(target_config: dict, vocab_top: int, record: dict) -> dict:
