@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator
@@ -116,11 +117,16 @@ def finished_ids(output: Path, dry_run: bool = False) -> set[str]:
 
 
 def run(engine: Engine, input_path: str | Path, output_path: str | Path, max_tokens: int = 256,
-        progress: bool = True, defaults: SamplingParams = SamplingParams(), seed: int = 0) -> Iterator[dict]:
-    """Generate every request of `input_path` not yet in `output_path`; yields each result as it is written,
-    and {"error": ..., "line": n} for each bad input line or failed request (which is skipped). `defaults`,
-    `seed`: sampling and seed for the requests that set none."""
+        progress: bool = True, defaults: SamplingParams = SamplingParams(), seed: int = 0,
+        batch_size: int | None = None, notice=None) -> Iterator[dict]:
+    """Generate every request of `input_path` not yet in `output_path`; yields each result as it is written
+    (in the order they finish), and {"error": ..., "line": n} for each bad input line or failed request (which is
+    skipped). `defaults`, `seed`: sampling and seed for the requests that set none. `batch_size`: requests decoded
+    together; None: the largest that fits in memory, or 1 where this engine cannot batch (`notice(why)` is told).
+    A batch that cannot start fails whole (SpecError)."""
     check_paths(input_path, output_path)
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise SpecError(f"--batch-size must be a whole number >= 1, got {batch_size!r}")
     output = Path(output_path)
     done = finished_ids(output)
     todo = []
@@ -135,27 +141,32 @@ def run(engine: Engine, input_path: str | Path, output_path: str | Path, max_tok
         if request.id not in done:
             todo.append(request)
             done.add(request.id)  # a repeated id is generated once
+    problem = engine.batch_problem()
+    if batch_size is None:
+        batch_size = 1 if problem or not todo else min(len(todo), engine.largest_batch(
+            max(len(r.prompt) + r.max_tokens for r in todo)))
+        if problem and len(todo) > 1 and notice:
+            notice(f"one request at a time: {problem}")
+    elif batch_size > 1 and problem:
+        raise SpecError(f"--batch-size {batch_size}: {problem}; use --batch-size 1")
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), unit="item", desc="batch", dynamic_ncols=True)
+        bar = tqdm(total=len(todo), unit="item", desc=f"batch of {batch_size}", dynamic_ncols=True)
+    start, tokens = time.perf_counter(), 0
     with open(output, "ab") as out:
-        for request in todo:
-            try:
-                result = engine.generate(request.prompt, request.params, request.max_tokens, request.stop,
-                                         request.seed)
-            except SpecError as e:
-                yield {"line": request.line, "error": str(e)}
-                continue
+        for index, result in engine.generate_many(todo, batch_size):
+            request = todo[index]
             record = {"id": request.id, "text": result.text, "stop_reason": result.stop_reason,
                       "stats": result.stats.to_dict()}
             out.write((json.dumps(record) + "\n").encode())  # one write per result: no interleaved halves
             out.flush()
             os.fsync(out.fileno())
+            tokens += result.stats.generated_tokens
             if bar:
                 bar.update(1)
-                bar.set_postfix_str(f"{result.stats.decode_tps:.0f} tok/s, {result.stats.drafter} "
+                bar.set_postfix_str(f"{tokens / (time.perf_counter() - start):.0f} tok/s in all, {result.stats.drafter} "
                                     f"acceptance {result.stats.acceptance_rate:.0%}")
             yield record
     if bar:

@@ -171,7 +171,8 @@ def batch(args) -> int:
     defaults = sampling_params(args)
     engine = load_engine(args)
     generated = bad = 0
-    for record in run(engine, args.input, args.output, args.max_tokens, not args.quiet, defaults, args.seed):
+    for record in run(engine, args.input, args.output, args.max_tokens, not args.quiet, defaults, args.seed,
+                      args.batch_size, notice=lambda why: print(f"batch: {why}", file=sys.stderr)):
         if "error" in record:
             bad += 1
             print(f"{args.input}:{record['line']}: skipped: {record['error']}", file=sys.stderr)
@@ -325,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
     bat.add_argument("input", help="JSONL: one {\"id\", \"prompt\" or \"messages\", optional parameters} per line")
     bat.add_argument("-o", "--output", required=True, help="JSONL results; a rerun skips the ids already there")
     bat.add_argument("--max-tokens", type=int, default=256, help="default for requests that set none")
+    bat.add_argument("--batch-size", type=int, help="requests decoded together, each drafting for itself "
+                     "(default: the most that fit in half the free memory, up to 32; 1 where the model or drafter "
+                     "cannot batch)")
     bat.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(bat)
     add_sampling_args(bat)  # defaults for requests that set none

@@ -253,8 +253,7 @@ class Engine:
         start = time.perf_counter()
 
         text, generated, key = TextStream(self.tokenizer, list(stop)), [], mx.random.key(seed)
-        eos = self.tokenizer.eos_token_ids
-        stop_reason = None
+        eos, stop_reason = self.tokenizer.eos_token_ids, None
         while stop_reason is None:
             self.policy = self.next_policy  # a pin() from another thread takes effect here
             key, round_key = mx.random.split(key)
@@ -271,18 +270,8 @@ class Engine:
             context += new_tokens
             stats.record_round(verdict)
             yield verdict
-            for i, token in enumerate(new_tokens):
-                generated.append(token)
-                if token in eos:
-                    stop_reason = "eos"
-                    break
-                yield Token(token, text.add(token), from_draft=i < verdict.accepted)
-                if text.stopped_at is not None:
-                    stop_reason = "stop_string"
-                elif len(generated) >= max_tokens:
-                    stop_reason = "max_tokens"
-                if stop_reason:
-                    break
+            tokens, stop_reason = emit(new_tokens, verdict.accepted, generated, text, eos, max_tokens)
+            yield from tokens
             if stop_reason is None and self.stop_requested:
                 stop_reason = "stopped"
 
@@ -363,6 +352,54 @@ class Engine:
     def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, stop: list[str] = (), seed: int = 0) -> Result:
         return collect(self.stream(prompt, params, max_tokens, stop, seed))
+
+    def batch_problem(self) -> str | None:
+        """Why `generate_many` can only decode one sequence at a time here (None: it batches)."""
+        from .batched import batch_problem
+
+        return batch_problem(self.target.model, self.drafter, self.target.kv_bits)
+
+    def largest_batch(self, tokens_per_row: int) -> int:
+        """The largest batch whose caches (`tokens_per_row` positions a row) fit in half the memory available."""
+        import psutil
+
+        from .batched import largest_batch
+
+        return largest_batch(self.target.model, tokens_per_row, psutil.virtual_memory().available)
+
+    def generate_many(self, jobs, batch_size: int) -> Iterator[tuple[int, Result]]:
+        """Decode `jobs` (`batched.Job`s: token ids and their settings), `batch_size` at a time in one batch
+        (`batched.BatchedDecoder`; 1: one after another with `generate`); yields (the job's index, its Result) as
+        each finishes. Drafting as this engine's: its drafter (one per row), its pinned length or the adaptive
+        policy, per batch size."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise SpecError(f"batch size must be a whole number >= 1, got {batch_size!r}")
+        if batch_size == 1:
+            for index, job in enumerate(jobs):
+                yield index, self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed)
+            return
+        from .batched import BatchedDecoder
+
+        if problem := self.batch_problem():
+            raise SpecError(f"{problem}: use a batch size of 1")
+        policy = self.next_policy
+        yield from BatchedDecoder(self.target.model, self.tokenizer, self.drafter, getattr(policy, "pinned", None),
+                                  self.max_draft_len).run(jobs, batch_size)
+
+
+def emit(new_tokens: list[int], accepted: int, generated: list[int], text: TextStream, eos, max_tokens: int):
+    """Add a round's tokens to `generated` up to the first stop: (their Token events, the stop reason or None)."""
+    events = []
+    for i, token in enumerate(new_tokens):
+        generated.append(token)
+        if token in eos:
+            return events, "eos"
+        events.append(Token(token, text.add(token), from_draft=i < accepted))
+        if text.stopped_at is not None:
+            return events, "stop_string"
+        if len(generated) >= max_tokens:
+            return events, "max_tokens"
+    return events, None
 
 
 def collect(events: Iterator[Token | Text | Round | Done]) -> Result:

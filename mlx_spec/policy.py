@@ -23,7 +23,8 @@ class FixedDraftLength:
     def next_draft_len(self, remaining: int) -> int:
         return max(0, min(self.draft_len, remaining - 1))
 
-    def observe(self, draft_len: int, accepted: int, seconds: float) -> None:
+    def observe(self, draft_len: int, accepted: int, seconds: float,
+                rows: list[tuple[int, int]] | None = None) -> None:
         pass
 
 
@@ -90,11 +91,14 @@ class AdaptiveDraftLength:
         self.draft_len = k
         return max(0, min(k, remaining - 1))
 
-    def observe(self, draft_len: int, accepted: int, seconds: float) -> None:
-        """Learn from a finished round: how far its drafts got, and how long it took."""
+    def observe(self, draft_len: int, accepted: int, seconds: float,
+                rows: list[tuple[int, int]] | None = None) -> None:
+        """Learn from a finished round: how far its drafts got, and how long it took. A batch's round gives
+        `rows`: each row's (drafts, accepted); `draft_len` is then the longest draft."""
         d, shape = self.decay, self.shapes[self.width]
-        for j in range(min(draft_len, accepted + 1)):  # positions the verifier actually judged
-            shape.acceptance[j] = d * shape.acceptance[j] + (1 - d) * (j < accepted)
+        for drafted, kept in rows or [(draft_len, accepted)]:
+            for j in range(min(drafted, kept + 1)):  # positions the verifier actually judged
+                shape.acceptance[j] = d * shape.acceptance[j] + (1 - d) * (j < kept)
         kind = self.width if draft_len else 0
         first_of_kind = kind not in self.warmed_up
         resumed, self.previous_len = draft_len > 0 and self.previous_len == 0, draft_len
@@ -106,3 +110,32 @@ class AdaptiveDraftLength:
         elif self.plain_time is not None:
             slope = max(0.0, (seconds - self.plain_time) / draft_len)
             shape.slope = slope if shape.slope is None else d * shape.slope + (1 - d) * slope
+
+
+class PerBatchSize:
+    """The adaptive policy for a batch: a forward over B rows costs more as B grows (at some B it stops being
+    bandwidth-bound and drafting stops paying), so the cost of a round is learnt per batch size, by one
+    AdaptiveDraftLength each; the acceptance, a property of the text, is learnt once for all of them."""
+
+    def __init__(self, max_len: int):
+        self.max_len, self.by_size = max_len, {}
+        self.current = AdaptiveDraftLength(max_len)
+
+    def resize(self, size: int) -> None:
+        """The batch now has `size` rows."""
+        if size not in self.by_size:
+            policy = AdaptiveDraftLength(self.max_len)
+            policy.shapes[1].acceptance = self.current.shapes[1].acceptance  # one list, shared
+            self.by_size[size] = policy
+        self.current = self.by_size[size]
+
+    @property
+    def note(self) -> str:
+        return self.current.note
+
+    def next_draft_len(self, remaining: int) -> int:
+        return self.current.next_draft_len(remaining)
+
+    def observe(self, draft_len: int, accepted: int, seconds: float,
+                rows: list[tuple[int, int]] | None = None) -> None:
+        self.current.observe(draft_len, accepted, seconds, rows)

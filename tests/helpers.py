@@ -78,8 +78,8 @@ class ModelledCostPolicy(AdaptiveDraftLength):
         super().__init__(max_len, **kwargs)
         self.per_draft = per_draft
 
-    def observe(self, draft_len, accepted, seconds):
-        super().observe(draft_len, accepted, 1.0 + self.per_draft * draft_len)
+    def observe(self, draft_len, accepted, seconds, rows=None):
+        super().observe(draft_len, accepted, 1.0 + self.per_draft * draft_len, rows)
 
 
 class RandomDraftLengths:
@@ -99,7 +99,7 @@ class RandomDraftLengths:
             self.run, self.width = [length] * self.rng.randint(1, 12), self.rng.choice(self.widths)
         return max(0, min(self.run.pop(), remaining - 1))
 
-    def observe(self, draft_len, accepted, seconds):
+    def observe(self, draft_len, accepted, seconds, rows=None):
         pass
 
 

@@ -11,7 +11,8 @@ from test_cli import run_cli
 
 
 def write_requests(path, n):
-    lines = [json.dumps({"id": f"r{i}", "prompt": f"def f{i}(x):", "max_tokens": 24, "raw": True}) for i in range(n)]
+    lines = [json.dumps({"id": f"r{i}", "prompt": f"def f{i}(x):", "max_tokens": 16 + i % 9, "raw": True})
+             for i in range(n)]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -46,7 +47,7 @@ def test_results_bad_lines_and_resume(tiny, tmp_path):
 def test_kill_and_rerun_equals_an_uninterrupted_run(tiny, tmp_path):
     requests = tmp_path / "in.jsonl"
     write_requests(requests, 40)
-    model = ["--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]), "--quiet"]
+    model = ["--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]), "--quiet", "--batch-size", "4"]
     whole = tmp_path / "whole.jsonl"
     assert run_cli("batch", str(requests), "-o", str(whole), *model).returncode == 0
 

@@ -90,15 +90,35 @@ def test_sampled_sequences_follow_the_target(tiny, family, drafter, draft):
     prompt = engine.encode(PROMPT)
     if engine.drafter.name in ("mtp", "assistant", "eagle3"):  # drafters fed by the target's hidden states
         prompt = prompt[:24]  # past the Gemma window (16); short for Gated DeltaNet's step-by-step prefill
-    else:  # a prompt after which the first proposals hold the target's own greedy choice
-        greedy = mlx_spec.generate(engine, prompt, max_tokens=60).tokens
-        for cut in range(60):
-            engine.drafter.begin(prompt + greedy[:cut], Step(None))
-            if greedy[cut] in first_candidates(engine.drafter.propose(prompt + greedy[:cut], 1, SamplingParams(),
-                                                                      mx.random.key(0))):
-                break
-        prompt = prompt + greedy[:cut]
-    model, _ = load(str(tiny[family]))
+    else:
+        prompt = prompt_where_drafts_pass(engine, prompt)
+    exact = exact_sequences(tiny[family], prompt, horizon, top_k)
+    observed = dict.fromkeys(exact, 0)
+    drafted = accepted = 0
+    for seed in range(samples):
+        result = mlx_spec.generate(engine, prompt, max_tokens=horizon, temperature=1.0, top_k=top_k, seed=seed)
+        observed[tuple(result.tokens)] += 1  # a KeyError would mean a sequence the target cannot produce
+        drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+    assert 0 < accepted < drafted or (drafter == "mtp" and drafted)  # the random MTP layer is rarely right
+    assert_follows(observed, exact, samples)
+
+
+def prompt_where_drafts_pass(engine, prompt: list[int]) -> list[int]:
+    """`prompt` and the least of its greedy continuation after which the drafter's first proposals hold the
+    target's own greedy choice (so that sampled drafts are sometimes accepted)."""
+    greedy = mlx_spec.generate(engine, prompt, max_tokens=60).tokens
+    for cut in range(60):
+        engine.drafter.begin(prompt + greedy[:cut], Step(None))
+        if greedy[cut] in first_candidates(engine.drafter.propose(prompt + greedy[:cut], 1, SamplingParams(),
+                                                                  mx.random.key(0))):
+            break
+    return prompt + greedy[:cut]
+
+
+def exact_sequences(path, prompt: list[int], horizon: int, top_k: int) -> dict[tuple[int, ...], float]:
+    """The probability of every sequence of `horizon` tokens the target samples at T=1, top-k `top_k`,
+    computed from full-prefix forwards of mlx-lm's own model."""
+    model, _ = load(str(path))
 
     def next_distribution(prefix):
         logits = np.array(model(mx.array([prefix]))[0, -1], dtype=np.float64)
@@ -113,13 +133,11 @@ def test_sampled_sequences_follow_the_target(tiny, family, drafter, draft):
             prob *= dist[token]
             prefix.append(token)
         exact[tuple(prefix[len(prompt):])] = prob
-    observed = dict.fromkeys(exact, 0)
-    drafted = accepted = 0
-    for seed in range(samples):
-        result = mlx_spec.generate(engine, prompt, max_tokens=horizon, temperature=1.0, top_k=top_k, seed=seed)
-        observed[tuple(result.tokens)] += 1  # a KeyError would mean a sequence the target cannot produce
-        drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
-    assert 0 < accepted < drafted or (drafter == "mtp" and drafted)  # the random MTP layer is rarely right
+    return exact
+
+
+def assert_follows(observed: dict, exact: dict, samples: int) -> None:
+    """A chi-square test of sampled sequence counts against their exact probabilities."""
     keys = [k for k in exact if exact[k] > 0]
     f_exp = np.array([exact[k] for k in keys]) / sum(exact[k] for k in keys) * samples
     assert chisquare([observed[k] for k in keys], f_exp).pvalue > 1e-3

@@ -23,6 +23,10 @@ class DraftModelDrafter:
         self.tree: Draft | None = None  # the last tree proposed
         self.fed: dict[int, int] = {}  # its nodes that the runner's cache holds -> their place after the context
 
+    def fork(self) -> "DraftModelDrafter":
+        """A drafter of its own (cache and all) on the same weights, for another sequence (a batch's row): chains."""
+        return DraftModelDrafter(self.weights, self.vocab_size, self.runner.kv_bits, self.runner.kv_group_size)
+
     @property
     def caches(self) -> list:
         return self.runner.cache
