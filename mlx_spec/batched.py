@@ -1,12 +1,13 @@
 """Batched speculative decoding: many sequences decode together, each keeping its own accepted count.
 
-Every round, each row drafts for itself (its own drafter: `Drafter.fork`; its own length, 0 allowed), the target
-verifies all rows in one forward over a `RaggedBatch` (row i feeds `[last, *drafts_i]`, padded to the longest),
-each row's verdict comes from the same rule as alone (`verify_draft`, its own seed's keys), and each row keeps its
-own accepted positions. Finished rows leave and queued requests join between rounds (continuous batching); a
-joining prompt is prefilled in a batch of its own, then merged. One host synchronisation per round.
-The draft length is the policy's, per batch size (`PerBatchSize`): it turns drafting off where a B-row forward no
-longer costs about what one row's does.
+Every round, each row drafts for itself (the drafter's `batched()`: one n-gram index per row, or every row's
+draft step in one forward of the draft model; its own length, 0 allowed), the target verifies all rows in one
+forward over a `RaggedBatch` (row i feeds `[last, *drafts_i]`, padded to the longest), each row's verdict comes
+from the same rule as alone (`verify_draft`, its own seed's keys), and each row keeps its own accepted
+positions. Finished rows leave and queued requests join between rounds (continuous batching); a joining prompt
+is prefilled in a batch of its own (a chunk per round while others decode), then merged. One host
+synchronisation per round. The draft length is the policy's (`BatchDraftLength`, which learns what a forward of
+so many tokens costs): it turns drafting off where the batch makes the forward compute-bound.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import mlx.core as mx
 
+from . import compat
 from .draft import Draft
-from .engine import Result, Round, TextStream, emit
+from .engine import Done, Result, Round, Text, TextStream, Token, emit
 from .errors import SpecError
-from .policy import FixedDraftLength, PerBatchSize
+from .policy import BatchDraftLength, FixedDraftLength
 from .ragged import RaggedBatch
 from .sampling import SamplingParams
 from .stats import Stats
-from .target import PREFILL_CHUNK, Step
+from .target import PREFILL_CHUNK
 from .verify import verify_draft
 
 MAX_BATCH = 32  # the default batch size's upper bound
@@ -41,23 +43,26 @@ class Job:
 
 
 class Row:
-    """One sequence of the batch: its tokens, text, keys, drafter and statistics."""
+    """One sequence of the batch: its tokens, text, keys and statistics; `key` names it to the caller."""
 
-    def __init__(self, index: int, job: Job, drafter, tokenizer, drafter_name: str):
-        self.index, self.job, self.drafter = index, job, drafter
+    def __init__(self, key, job: Job, tokenizer, drafter_name: str):
+        if not job.prompt:
+            raise SpecError("the prompt is empty: give some text to continue")
+        self.key, self.job = key, job
         self.context, self.generated = list(job.prompt), []
-        self.text, self.key = TextStream(tokenizer, list(job.stop)), mx.random.key(job.seed)
+        self.text, self.random = TextStream(tokenizer, list(job.stop)), mx.random.key(job.seed)
         self.stats = Stats(drafter=drafter_name, prompt_tokens=len(job.prompt))
-        self.from_draft: list[bool] = []
         self.stop_reason: str | None = None
+        self.prefill: RaggedBatch | None = None  # its prompt's cache while it is prefilled, before it joins
         self.started = time.perf_counter()
 
-    def result(self) -> Result:
-        self.text.finish()
+    def finish(self) -> list:
+        """The events that end this row: the text held back for a stop string that never came, and Done."""
+        tail = self.text.finish()
         self.stats.decode_seconds = time.perf_counter() - self.started - self.stats.prefill_seconds
         self.stats.generated_tokens = len(self.generated)
         self.stats.record_memory()
-        return Result(self.text.text, self.generated, self.stop_reason, self.stats, self.from_draft)
+        return [Text(tail)] * bool(tail) + [Done(self.stop_reason, self.text.text, self.generated, self.stats)]
 
 
 def batch_problem(model, drafter=None, kv_bits: int | None = None) -> str | None:
@@ -66,7 +71,7 @@ def batch_problem(model, drafter=None, kv_bits: int | None = None) -> str | None
         return f"batched decoding is not available for this model ({problem})"
     if kv_bits:
         return "a quantized KV cache (--kv-bits) is not batched yet"
-    if drafter is not None and not hasattr(drafter, "fork"):
+    if drafter is not None and not hasattr(drafter, "batched"):
         return f"the {drafter.name} drafter does not draft in batches yet (ngram, draft-model and off do)"
     return None
 
@@ -82,80 +87,123 @@ def largest_batch(model, tokens_per_row: int, available: int) -> int:
 
 class BatchedDecoder:
     def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4):
-        """drafter: a template whose `fork()` gives each row its own (None: plain batched decoding);
-        draft_len: pinned, or None for the adaptive policy per batch size."""
+        """drafter: one whose `batched()` drafts for a batch (None: plain batched decoding); draft_len: pinned,
+        or None for the adaptive policy per batch size."""
         if problem := batch_problem(model, drafter):
             raise SpecError(f"{problem}: use a batch size of 1")
-        self.model, self.tokenizer, self.drafter = model, tokenizer, drafter if draft_len != 0 else None
-        self.policy = (PerBatchSize(max_draft_len) if draft_len is None and self.drafter
-                       else FixedDraftLength(draft_len if self.drafter else 0))
-        self.name = self.drafter.name if self.drafter else "off"
+        compat.check_batches()
+        drafter = drafter if draft_len != 0 else None
+        self.model, self.tokenizer = model, tokenizer
+        self.make_drafters = drafter.batched if drafter else None
+        self.policy = (BatchDraftLength(max_draft_len) if draft_len is None and drafter
+                       else FixedDraftLength(draft_len if drafter else 0))
+        self.name = drafter.name if drafter else "off"
 
     def run(self, jobs: Iterable[Job], batch_size: int) -> Iterator[tuple[int, Result]]:
         """Decode every job, at most `batch_size` at a time; yields (its index in `jobs`, its Result) as each
-        finishes. The batch's rows are `rows`, in order."""
-        queue, rows, batch = deque(enumerate(jobs)), [], RaggedBatch(self.model)
-        while queue or rows:
-            while queue and len(rows) < batch_size:
-                rows.append(self._join(batch, *queue.popleft()))
-            self._round(batch, rows)
+        finishes."""
+        queue, from_draft = deque(enumerate(jobs)), {}
+        for index, event in self.stream(lambda: queue.popleft() if queue else None, batch_size):
+            if isinstance(event, Token):
+                from_draft.setdefault(index, []).append(event.from_draft)
+            elif isinstance(event, Done):
+                yield index, Result(event.text, event.tokens, event.stop_reason, event.stats, from_draft.pop(index, []))
+
+    def stream(self, take: Callable[[], tuple | None], batch_size: int,
+               should_stop: Callable[[object], bool] = lambda key: False) -> Iterator[tuple[object, object]]:
+        """Decode the jobs `take()` hands over ((key, Job), or None when none waits: asked whenever the batch has
+        room), at most `batch_size` at a time, until none is left; yields (key, event): each row's Round, Token,
+        Text and Done events as the engine's `stream` does. `should_stop(key)` ends a row after this round with
+        stop reason "stopped". The batch's rows are `rows`, in order."""
+        rows, joining, batch = [], deque(), RaggedBatch(self.model)
+        drafters = self.make_drafters() if self.make_drafters else None
+        while True:
+            while len(rows) + len(joining) < batch_size and (item := take()) is not None:
+                joining.append(Row(*item, self.tokenizer, self.name))
+            if joining:
+                self._prefill(batch, drafters, rows, joining)
+            if not rows:
+                if joining:
+                    continue
+                return
+            yield from self._round(batch, drafters, rows)
+            for row in rows:
+                if not row.stop_reason and should_stop(row.key):
+                    row.stop_reason = "stopped"
             if any(row.stop_reason for row in rows):
                 staying = [i for i, row in enumerate(rows) if not row.stop_reason]
                 for row in rows:
                     if row.stop_reason:
-                        yield row.index, row.result()
+                        yield from ((row.key, event) for event in row.finish())
                 batch.select(staying)
+                if drafters:
+                    drafters.select(staying)
                 rows = [rows[i] for i in staying]
 
-    def _join(self, batch: RaggedBatch, index: int, job: Job) -> Row:
-        """A queued job's prompt, prefilled in a batch of its own and merged into `batch`."""
-        if not job.prompt:
-            raise SpecError("the prompt is empty: give some text to continue")
-        row = Row(index, job, self.drafter.fork() if self.drafter else None, self.tokenizer, self.name)
-        alone, prompt = RaggedBatch(self.model, rows=1), job.prompt[:-1]
-        for start in range(0, len(prompt), PREFILL_CHUNK):
-            chunk = prompt[start:start + PREFILL_CHUNK]
-            alone.forward(mx.array([chunk], dtype=mx.int32), [len(chunk)])
-            mx.eval([c.state for c in alone.caches])
-        if row.drafter:
-            row.drafter.begin(row.context, Step(None))
-        batch.join(alone)
-        row.stats.prefill_seconds = time.perf_counter() - row.started
-        return row
+    def _prefill(self, batch: RaggedBatch, drafters, rows: list[Row], joining: deque) -> None:
+        """Prefill the first joining prompt by one chunk (every joining prompt whole while no row decodes: none
+        waits then), and move the prompts that are done into the batch."""
+        decoding = bool(rows)
+        while joining:
+            row = joining[0]
+            if row.prefill is None:
+                row.prefill = RaggedBatch(self.model, rows=1)
+            prompt, done = row.job.prompt[:-1], int(row.prefill.offsets[0])
+            if done < len(prompt):
+                chunk = prompt[done:done + PREFILL_CHUNK]
+                row.prefill.forward(mx.array([chunk], dtype=mx.int32), [len(chunk)])
+                mx.eval([c.state for c in row.prefill.caches])
+            if done + PREFILL_CHUNK >= len(prompt):
+                joining.popleft()
+                batch.join(row.prefill)
+                row.prefill = None
+                if drafters:
+                    drafters.join(row.context)
+                row.stats.prefill_seconds = time.perf_counter() - row.started
+                rows.append(row)
+            if decoding:
+                return
 
-    def _round(self, batch: RaggedBatch, rows: list[Row]) -> None:
-        """Draft for every row, verify all rows in one forward, keep each row's accepted drafts."""
-        if isinstance(self.policy, PerBatchSize):
+    def _round(self, batch: RaggedBatch, drafters, rows: list[Row]) -> list[tuple[object, object]]:
+        """Draft for every row, verify all rows in one forward, keep each row's accepted drafts; returns the
+        rows' (key, Round / Token) events."""
+        if isinstance(self.policy, BatchDraftLength):
             self.policy.resize(len(rows))
         longest = self.policy.next_draft_len(max(row.job.max_tokens - len(row.generated) for row in rows))
-        start, drafts, keys = time.perf_counter(), [], []
+        start, lengths, draft_keys, verify_keys = time.perf_counter(), [], [], []
         for row in rows:
-            row.key, round_key = mx.random.split(row.key)
+            row.random, round_key = mx.random.split(row.random)
             draft_key, verify_key = mx.random.split(round_key)
-            k = min(longest, row.job.max_tokens - len(row.generated) - 1)
-            drafts.append(row.drafter.propose(row.context, k, row.job.params, draft_key) if k > 0 else Draft.empty())
-            keys.append(verify_key)
+            lengths.append(max(0, min(longest, row.job.max_tokens - len(row.generated) - 1)))
+            draft_keys.append(draft_key)
+            verify_keys.append(verify_key)
+        drafts = (drafters.propose([row.context for row in rows], lengths, [row.job.params for row in rows],
+                                   draft_keys) if drafters else [Draft.empty() for _ in rows])
         width = 1 + max(d.tokens.shape[0] for d in drafts)
         inputs = mx.stack([mx.concatenate([mx.array(row.context[-1:], dtype=mx.int32), d.tokens,
                                            mx.zeros((width - 1 - d.tokens.shape[0],), dtype=mx.int32)])
                            for row, d in zip(rows, drafts)])
+        batch.mark()
         logits = batch.forward(inputs, [1 + d.tokens.shape[0] for d in drafts])
         verdicts = [verify_draft(d, logits[i, :1 + d.tokens.shape[0]], row.job.params, row.context, key)
-                    for i, (row, d, key) in enumerate(zip(rows, drafts, keys))]
+                    for i, (row, d, key) in enumerate(zip(rows, drafts, verify_keys))]
         mx.eval([d.tokens for d in drafts], verdicts)  # the round's only host synchronisation
         accepted = [a.item() for a, _ in verdicts]
         batch.keep([a + 1 for a in accepted])
+        events = []
         for row, d, a, (_, next_token) in zip(rows, drafts, accepted, verdicts):
             new_tokens = d.tokens[:a].tolist() + [next_token.item()]
             verdict = Round(d.tokens.shape[0], a, d.tokens.shape[0])
             row.context += new_tokens
             row.stats.record_round(verdict)
-            if row.drafter:
-                row.drafter.accept(row.context, a, Step(None))
+            row.stats.batch_size = max(row.stats.batch_size, len(rows))
             tokens, row.stop_reason = emit(new_tokens, a, row.generated, row.text, self.tokenizer.eos_token_ids,
                                            row.job.max_tokens)
-            row.from_draft += [t.from_draft for t in tokens]
+            events += [(row.key, event) for event in [verdict, *tokens]]
+        if drafters:
+            drafters.accept([row.context for row in rows], accepted)
         self.policy.observe(width - 1, 0, time.perf_counter() - start,
                             rows=[(d.tokens.shape[0], a) for d, a in zip(drafts, accepted)])
         for row in rows:
             row.stats.policy = self.policy.note
+        return events

@@ -37,6 +37,7 @@ from pathlib import Path  # noqa: E402
 from .errors import SpecError  # noqa: E402
 
 FLAG_NAMES = {"temperature": "temp"}  # SamplingParams fields whose flag is named otherwise
+SERVE_BATCH = 8  # `serve`'s default batch size where memory allows
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -276,13 +277,22 @@ def serve(args) -> int:
             raise SpecError(f"{flag} must be {'from 0 to 65535' if flag == '--port' else f'>= {least}'}, got {value}")
     if args.timeout <= 0:
         raise SpecError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise SpecError(f"--batch-size must be >= 1, got {args.batch_size}")
     defaults = sampling_params(args)
     engine = load_engine(args)
+    batch_size = args.batch_size or 1
+    if problem := engine.batch_problem():
+        if batch_size > 1:
+            raise SpecError(f"--batch-size {batch_size}: {problem}; use --batch-size 1")
+        print(f"serve: one request at a time: {problem}", file=sys.stderr)
+    elif args.batch_size is None:
+        batch_size = min(SERVE_BATCH, engine.largest_batch(args.max_tokens + 2048))
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"mlx-spec: warning: serving on {args.host} without --api-key: anyone who can reach this port can "
               "use the model", file=sys.stderr)
     serve(Server(engine, args.model or "demo", defaults, args.max_tokens, args.max_queue, args.timeout, args.api_key,
-                 args.num_draft), args.host, args.port)
+                 args.num_draft, batch_size), args.host, args.port)
     return 0
 
 
@@ -344,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-tokens", type=int, default=512, help="default for requests that set none")
     srv.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 503")
     srv.add_argument("--timeout", type=float, default=600, help="seconds a request may run (default 600)")
+    srv.add_argument("--batch-size", type=int, help=f"concurrent requests decoded together (default: {SERVE_BATCH}, "
+                     "or fewer when memory is short; 1 where the model or drafter cannot batch)")
     srv.set_defaults(run=serve)
 
     trn = commands.add_parser("train-mtp", help="train an MTP head for a model that has none (Llama, Qwen2/3, "

@@ -13,6 +13,8 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
   widens them to 2 H) and `MLP`, which the EAGLE-3 head is built from;
 - for token trees: attention layers that rotate with `self.rope(x, offset=cache.offset)` through
   `mx.fast.rope` (which takes one offset per batch row), and masks that come from `cache.make_mask`;
+- for batches (ragged.py): the same rotation and masks with one offset per batch row (`cache.offset` an array)
+  and a (B, 1, n, m) mask, `check_batches` comparing each row with the model run on it alone;
 - for nextn MTP layers (models/nextn.py): a DeepSeek-V3 / GLM-4.5 `Model.sanitize` that reads only `self.args`
   and converts the Hugging Face tensors of every layer below `num_hidden_layers` (the nextn block goes through it
   as layer 0), and DeepSeek-V3's, which drops the nextn layer only at index 61 (`drop_nextn_layers` drops it at
@@ -227,6 +229,28 @@ def check() -> None:
     if not hasattr(qwen3_next.Qwen3NextGatedDeltaNet, "fix_query_key_value_ordering"):
         raise broken("Qwen3-Next's GatedDeltaNet (no fix_query_key_value_ordering)")
     check_llama_attention()
+
+
+@functools.cache
+def check_batches() -> None:
+    """Two rows of different lengths in one RaggedBatch score their next tokens as a tiny Llama alone does."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .ragged import RaggedBatch
+
+    args = llama_args(dict(hidden_size=16, num_hidden_layers=1, intermediate_size=32, num_attention_heads=2,
+                           num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=8))
+    model = llama.Model(args)
+    rows, batch = [[1, 2, 3, 4, 5], [6, 7]], RaggedBatch(model)
+    for tokens in rows:
+        batch.join(RaggedBatch.prefilled(model, tokens[:-1]))
+    batch.mark()
+    logits = batch.forward(mx.array([[5, 0], [7, 1]]), [1, 2])
+    for row, (tokens, column) in enumerate(zip([[1, 2, 3, 4, 5], [6, 7, 1]], (0, 1))):
+        alone = model(mx.array([tokens]), cache=make_prompt_cache(model))[0, -1]
+        if not mx.allclose(logits[row, column], alone, atol=1e-4):
+            raise broken("batched attention (rotary embeddings with one offset per row, or masks from "
+                         "cache.make_mask)")
 
 
 def check_llama_attention() -> None:

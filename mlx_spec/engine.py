@@ -378,13 +378,22 @@ class Engine:
             for index, job in enumerate(jobs):
                 yield index, self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed)
             return
+        yield from self._decoder().run(jobs, batch_size)
+
+    def stream_many(self, take, batch_size: int, should_stop=lambda key: False) -> Iterator[tuple[object, object]]:
+        """Decode the `batched.Job`s that `take()` hands over as (key, Job) (None: none waiting; asked whenever
+        the batch has room) in one batch of at most `batch_size`, until none is left; yields (key, event) with
+        each job's Round / Token / Text / Done events as `stream` gives them. `should_stop(key)` ends a job after
+        the current round ("stopped"). For servers: jobs join while others run."""
+        yield from self._decoder().stream(take, batch_size, should_stop)
+
+    def _decoder(self):
         from .batched import BatchedDecoder
 
         if problem := self.batch_problem():
             raise SpecError(f"{problem}: use a batch size of 1")
-        policy = self.next_policy
-        yield from BatchedDecoder(self.target.model, self.tokenizer, self.drafter, getattr(policy, "pinned", None),
-                                  self.max_draft_len).run(jobs, batch_size)
+        return BatchedDecoder(self.target.model, self.tokenizer, self.drafter,
+                              getattr(self.next_policy, "pinned", None), self.max_draft_len)
 
 
 def emit(new_tokens: list[int], accepted: int, generated: list[int], text: TextStream, eos, max_tokens: int):

@@ -91,14 +91,11 @@ class AdaptiveDraftLength:
         self.draft_len = k
         return max(0, min(k, remaining - 1))
 
-    def observe(self, draft_len: int, accepted: int, seconds: float,
-                rows: list[tuple[int, int]] | None = None) -> None:
-        """Learn from a finished round: how far its drafts got, and how long it took. A batch's round gives
-        `rows`: each row's (drafts, accepted); `draft_len` is then the longest draft."""
+    def observe(self, draft_len: int, accepted: int, seconds: float) -> None:
+        """Learn from a finished round: how far its drafts got, and how long it took."""
         d, shape = self.decay, self.shapes[self.width]
-        for drafted, kept in rows or [(draft_len, accepted)]:
-            for j in range(min(drafted, kept + 1)):  # positions the verifier actually judged
-                shape.acceptance[j] = d * shape.acceptance[j] + (1 - d) * (j < kept)
+        for j in range(min(draft_len, accepted + 1)):  # positions the verifier actually judged
+            shape.acceptance[j] = d * shape.acceptance[j] + (1 - d) * (j < accepted)
         kind = self.width if draft_len else 0
         first_of_kind = kind not in self.warmed_up
         resumed, self.previous_len = draft_len > 0 and self.previous_len == 0, draft_len
@@ -112,30 +109,86 @@ class AdaptiveDraftLength:
             shape.slope = slope if shape.slope is None else d * shape.slope + (1 - d) * slope
 
 
-class PerBatchSize:
-    """The adaptive policy for a batch: a forward over B rows costs more as B grows (at some B it stops being
-    bandwidth-bound and drafting stops paying), so the cost of a round is learnt per batch size, by one
-    AdaptiveDraftLength each; the acceptance, a property of the text, is learnt once for all of them."""
+class BatchDraftLength:
+    """The adaptive policy for a batch of `rows` rows (`resize`). A round's time depends on the tokens its target
+    forward runs, rows x (1 + k), whatever the split: small forwards are bandwidth-bound (more tokens cost little),
+    large ones compute-bound (they cost in proportion). So seconds are learnt per token count, shared by every
+    batch size as rows come and go, interpolated between the counts measured and extended along the last two
+    beyond them; the acceptance per draft position, a property of the text, is learnt once for all rows. Each
+    round drafts the k that maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at
+    rows (plain steps) and 2 rows (one draft) first, and probing with one draft now and then while it is off."""
 
-    def __init__(self, max_len: int):
-        self.max_len, self.by_size = max_len, {}
-        self.current = AdaptiveDraftLength(max_len)
+    def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.8, prior_acceptance: float = 0.7):
+        self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
+        self.chain = Shape(max_len, prior_acceptance)
+        self.judged = [False] * max_len  # positions some round judged (the others keep the prior)
+        self.seconds: dict[int, float] = {}  # tokens in the target's forward -> seconds of the round
+        self.seen: set[int] = set()  # token counts run once (a first run compiles: no cost signal)
+        self.rows, self.rounds, self.draft_len = 1, 0, 0
+        self.note = f"adaptive draft length per batch size, up to {max_len}"
 
-    def resize(self, size: int) -> None:
-        """The batch now has `size` rows."""
-        if size not in self.by_size:
-            policy = AdaptiveDraftLength(self.max_len)
-            policy.shapes[1].acceptance = self.current.shapes[1].acceptance  # one list, shared
-            self.by_size[size] = policy
-        self.current = self.by_size[size]
+    def resize(self, rows: int) -> None:
+        self.rows = rows
 
-    @property
-    def note(self) -> str:
-        return self.current.note
+    def time(self, tokens: int) -> float | None:
+        """Seconds of a round whose forward runs `tokens` tokens, from the counts measured (None: none yet)."""
+        known = sorted(self.seconds)
+        if tokens in self.seconds or not known:
+            return self.seconds.get(tokens)
+        below, above = [n for n in known if n < tokens], [n for n in known if n > tokens]
+        if below and above:
+            low, high = below[-1], above[0]
+            return self.seconds[low] + (self.seconds[high] - self.seconds[low]) * (tokens - low) / (high - low)
+        if above:
+            return self.seconds[above[0]]  # fewer tokens never cost more
+        if len(below) < 2:  # one count measured: assume the forward compute-bound (the cautious guess)
+            return self.seconds[below[-1]] * tokens / below[-1]
+        low, high = below[-2], below[-1]
+        slope = max(0.0, (self.seconds[high] - self.seconds[low]) / (high - low))
+        return self.seconds[high] + slope * (tokens - high)
 
     def next_draft_len(self, remaining: int) -> int:
-        return self.current.next_draft_len(remaining)
+        self.rounds += 1
+        rows, k = self.rows, 0
+        plain = self.time(rows)
+        if not self.seconds or self.rounds % (4 * self.probe_every) == 0:
+            k = 0  # measure plain steps (and now and then again)
+        elif len(self.seconds) < 2:
+            k = 0 if 2 * rows in self.seconds else 1  # a second token count to draw the line through
+        else:
+            self.explore()
+            rates = {k: self.chain.expected_tokens(k) / self.time(rows * (1 + k)) for k in range(self.max_len + 1)}
+            k = max(rates, key=rates.__getitem__)
+            break_even = (self.time(2 * rows) - plain) / plain
+            if k == 0 and self.rounds % round(self.probe_every / max(1 - break_even, 1 / 8)) == 0:
+                k = 1  # a cheap probe: has the text become predictable?
+            self.note = (f"draft length {k} at {rows} rows: expected {self.chain.expected_tokens(k):.2f} tokens/round"
+                         if k else f"drafting off at {rows} rows: a draft costs {break_even:.2f} plain steps, recent "
+                                   f"first-draft acceptance {self.chain.acceptance[0]:.0%}")
+        self.draft_len = k
+        return max(0, min(k, remaining - 1))
+
+    def explore(self) -> None:
+        """A position never judged is taken to pass as often as the one before it (not at the prior): else a
+        policy that found one draft paying would never learn whether two do."""
+        for j in range(1, self.max_len):
+            if not self.judged[j]:
+                self.chain.acceptance[j] = self.chain.acceptance[j - 1]
 
     def observe(self, draft_len: int, accepted: int, seconds: float,
                 rows: list[tuple[int, int]] | None = None) -> None:
-        self.current.observe(draft_len, accepted, seconds, rows)
+        """Learn from a finished round: `rows` holds each row's (drafts, accepted); `draft_len` is the longest
+        draft, which every row paid for. Each position's acceptance moves once per round, by the share of the rows
+        that reached it and got a token there: a row that drafted fewer (n-gram found no more) gained nothing."""
+        d, rows = self.decay, rows or [(draft_len, accepted)]
+        for j in range(draft_len):
+            judged = [j < kept for _, kept in rows if j <= kept]
+            if judged:
+                self.chain.acceptance[j] = d * self.chain.acceptance[j] + (1 - d) * sum(judged) / len(judged)
+                self.judged[j] = True
+        tokens = len(rows) * (1 + draft_len)
+        if tokens not in self.seen:
+            self.seen.add(tokens)
+            return
+        old = self.seconds.get(tokens)
+        self.seconds[tokens] = seconds if old is None else d * old + (1 - d) * seconds

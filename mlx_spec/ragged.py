@@ -59,8 +59,8 @@ def _widen(buffer: mx.array | None, like: mx.array, width: int) -> mx.array:
 
 
 class RaggedBatch:
-    """A batch of rows over one model's layers: `forward` runs a (B, n) block of inputs, `keep` says how many of
-    each row's inputs stay in the cache."""
+    """A batch of rows over one model's layers: after `mark`, `forward`s run (B, n) blocks of inputs, then
+    `keep` says how many of each row's inputs stay in the cache."""
 
     def __init__(self, model, rows: int = 0):
         """An empty cache for `rows` rows."""
@@ -71,8 +71,17 @@ class RaggedBatch:
         self.valid = np.zeros((rows, 0), dtype=bool)  # (B, columns)
         self.offsets = np.zeros(rows, dtype=np.int64)  # (B,) positions each row holds
         self.positions = self.mask = None  # set around a forward
-        self.written: list[int] = []  # real inputs per row of the last forward
-        self.block = 0  # columns the last forward wrote
+        self.marked, self.marked_offsets = None, self.offsets  # columns and positions at the round's start
+
+    @classmethod
+    def prefilled(cls, model, tokens: list[int], chunk: int = 512) -> "RaggedBatch":
+        """A batch of one row holding `tokens`, run `chunk` at a time (a prompt, before it joins a batch)."""
+        batch = cls(model, rows=1)
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start:start + chunk]
+            batch.forward(mx.array([part], dtype=mx.int32), [len(part)])
+            mx.eval([c.state for c in batch.caches])
+        return batch
 
     @staticmethod
     def problem(model) -> str | None:
@@ -83,6 +92,10 @@ class RaggedBatch:
     @property
     def size(self) -> int:
         return len(self.offsets)
+
+    def mark(self) -> None:
+        """Start a round: `keep` then says what stays of every forward since."""
+        self.marked, self.marked_offsets = self.columns, self.offsets.copy()
 
     def forward(self, tokens: mx.array, lengths: list[int]) -> mx.array:
         """Run `tokens` (B, n) after what each row holds: row i's first `lengths[i]` inputs are real, the rest
@@ -101,18 +114,21 @@ class RaggedBatch:
         grown = np.zeros((b, self.columns + n), dtype=bool)
         grown[:, :self.columns] = self.valid[:, :self.columns]
         grown[:, self.columns:] = np.arange(n)[None, :] < np.array(lengths)[:, None]
-        self.valid, self.columns, self.written, self.block = grown, self.columns + n, list(lengths), n
+        self.valid, self.columns = grown, self.columns + n
         self.offsets = self.offsets + np.array(lengths, dtype=np.int64)
         return logits
 
     def keep(self, kept: list[int]) -> None:
-        """Of the last forward's inputs, row i keeps its first kept[i]; the columns every row dropped are reused."""
-        start = self.columns - self.block
-        for row, (count, wrote) in enumerate(zip(kept, self.written)):
-            self.valid[row, start + count:] = False
-            self.offsets[row] -= wrote - count
-        self.columns = start + max(kept, default=0)
-        self.valid = self.valid[:, :self.columns]
+        """Of the real inputs each row ran since `mark`, row i keeps its first kept[i]; the columns every row
+        dropped are written over next."""
+        end = self.marked
+        for row, count in enumerate(kept):
+            new = np.flatnonzero(self.valid[row, self.marked:]) + self.marked
+            self.valid[row, new[count:]] = False
+            self.offsets[row] = self.marked_offsets[row] + count
+            end = max(end, new[count - 1] + 1 if count else end)
+        self.columns, self.marked = end, None
+        self.valid = self.valid[:, :end]
 
     def select(self, rows: list[int]) -> None:
         """Keep only `rows` (indices), in that order: finished sequences leave."""
@@ -150,8 +166,11 @@ class RaggedBatch:
     def _make_room(self, n: int) -> None:
         """Room for n more columns: squeeze out the holes when that frees a quarter of the columns, else grow."""
         counts = self.valid.sum(axis=1)
-        if self.size and self.columns - counts.max() >= max(n, self.columns // 4):
+        unmarked = self.marked is None or self.marked == self.columns  # nothing of a round written yet
+        if unmarked and self.size and self.columns - counts.max() >= max(n, self.columns // 4):
             self.compact()
+            if self.marked is not None:
+                self.marked = self.columns
         if self.columns + n > self.capacity:
             self.capacity = self.columns + n + STEP  # the caches widen their buffers at the next write
 

@@ -1,8 +1,9 @@
 """`mlx-spec serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn) over one loaded engine.
 
 `POST /v1/chat/completions` and `/v1/completions` (streamed as server-sent events or not), `GET /v1/models`,
-`GET /health`. Requests queue (bounded: 503 with Retry-After when full) and run one at a time on the generation
-thread, which owns every MLX array; a request that extends the previous conversation reuses the prompt cache.
+`GET /health`. Requests queue (bounded: 503 with Retry-After when full) and run on the generation thread
+(generator.py), which owns every MLX array: concurrent requests decode together in one batch (up to the batch
+size), the others one at a time, where a request that extends the previous conversation reuses the prompt cache.
 A client that goes away stops its generation at the next round. `usage` carries the speculation figures under
 llama.cpp's names (`draft_n`, `draft_n_accepted`) besides the acceptance rate and mean acceptance length.
 Errors are OpenAI-shaped ({"error": {"message", "type", "param", "code"}}) with their HTTP status.
@@ -17,13 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import sys
-import threading
 import time
 import traceback
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -33,165 +32,15 @@ from starlette.routing import Route
 
 from . import memory
 from .batch import MAX_SEED
-from .engine import Done, Engine, Round, Text, Token, check_draft_len, event_to_dict
+from .engine import Done, Engine, Text, Token, check_draft_len, event_to_dict
 from .errors import SpecError
+from .generator import APIError, Generator, Job
 from .prompts import check_messages, render_prompt
 from .sampling import SamplingParams
 
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length"}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "penalty_window")  # OpenAI's two, then mlx-spec's own
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), self.status, headers=self.headers)
-
-
-@dataclass
-class Job:
-    """One request's generation: built on the event loop, run on the generation thread."""
-
-    prompt: list[int] | list[dict]  # token ids, or a chat (the engine keeps the tokens of the one before)
-    params: SamplingParams
-    max_tokens: int
-    stop: list[str]
-    seed: int
-    drafter: str | None
-    draft_len: int | None  # pinned drafts per round, None: the adaptive policy
-    deadline: float
-    native: bool = False  # mlx-spec's own stream: rounds too, and a memory report before the end
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
-    loop: asyncio.AbstractEventLoop = None
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancelled: bool = False  # the client went away
-    stop_requested: bool = False  # the client asked to stop: it ends as "stopped", with its statistics
-
-    def send(self, event) -> None:
-        """From the generation thread: an engine event, or an APIError that ends the job."""
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-
-@dataclass
-class Call:
-    """Something other than a generation that must run on the generation thread (it touches MLX arrays)."""
-
-    run: callable
-    loop: asyncio.AbstractEventLoop
-    result: asyncio.Future
-    id: str = ""
-    cancelled: bool = False
-
-    def send(self, outcome) -> None:
-        """From the generation thread: the value, or an APIError."""
-        done = self.result.set_exception if isinstance(outcome, APIError) else self.result.set_result
-        self.loop.call_soon_threadsafe(done, outcome)
-
-
-class Generator:
-    """The one thread that runs the engine: jobs in arrival order from a bounded queue."""
-
-    def __init__(self, engine: Engine, max_queue: int):
-        self.engines = {engine.status().drafter: engine}  # drafter name -> engine on the same weights
-        self.default = engine
-        self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
-        self.live: dict[str, Job] = {}  # id -> a job waiting or running
-        self.running: tuple[Job, Engine] | None = None
-        self.closing = False
-        self.thread = threading.Thread(target=self.run, name="mlx-spec generation", daemon=True)
-        self.thread.start()
-
-    def submit(self, job: Job) -> None:
-        if self.closing:
-            raise APIError(503, "the server is shutting down", kind="server_error", code="shutting_down")
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
-            raise APIError(503, f"the server is busy ({self.jobs.maxsize} requests waiting): retry later",
-                           kind="server_error", code="queue_full", headers={"Retry-After": "5"}) from None
-        if job.id:
-            self.live[job.id] = job
-
-    async def call(self, run: callable):
-        """run() on the generation thread, in turn with the jobs; its value, or its APIError raised here."""
-        call = Call(run, asyncio.get_running_loop(), asyncio.get_running_loop().create_future())
-        self.submit(call)
-        return await call.result
-
-    def control(self, job_id: str, draft_len=..., stop: bool = False) -> None:
-        """Pin a job's draft length (from its next round, or from its start) or ask it to stop."""
-        job = self.live.get(job_id)
-        if job is None:
-            raise APIError(404, f"no generation {job_id!r} is waiting or running here", "id", "job_not_found")
-        if draft_len is not ...:
-            job.draft_len = draft_len
-            if (running := self.running) and running[0] is job:
-                running[1].pin(draft_len)
-        job.stop_requested |= stop
-
-    def engine_for(self, drafter: str | None) -> Engine:
-        name = drafter or self.default.status().drafter
-        if name not in self.engines:
-            self.engines[name] = self.default.with_drafter(name)
-        return self.engines[name]
-
-    def run(self) -> None:
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            if self.closing or job.cancelled:
-                job.send(APIError(503, "the server is shutting down", kind="server_error", code="shutting_down"))
-                self.live.pop(job.id, None)
-                continue
-            try:
-                if isinstance(job, Call):
-                    job.send(job.run())
-                else:
-                    self.generate(job)
-            except SpecError as e:
-                job.send(APIError(400, str(e)))
-            except Exception:
-                traceback.print_exc(file=sys.stderr)
-                job.send(APIError(500, "internal error: see the server's log", kind="server_error"))
-            finally:
-                self.running = None
-                self.live.pop(job.id, None)
-
-    def generate(self, job: Job) -> None:
-        engine = self.engine_for(job.drafter)
-        self.running = (job, engine)
-        engine.pin(job.draft_len)  # after `running`: a pin that comes meanwhile reaches this engine
-        for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
-            if job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline:
-                engine.stop()  # takes effect after this round
-            if isinstance(event, Done) and job.native:
-                job.send(memory.report(engine))
-            if job.native or not isinstance(event, Round):
-                job.send(event)
-
-    def shutdown(self) -> None:
-        """Fail the waiting jobs, stop the running one at its next round, end the thread."""
-        self.closing = True
-        if running := self.running:
-            running[1].stop()
-        while True:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.send(APIError(503, "the server is shutting down", kind="server_error", code="shutting_down"))
-        self.jobs.put_nowait(None)
 
 
 def whole(body: dict, key: str, least: int, default=None, most: int | None = None):
@@ -271,16 +120,17 @@ def usage(done: Done) -> dict:
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
             "total_tokens": s.prompt_tokens + s.generated_tokens, "drafter": s.drafter, "draft_n": s.drafted,
             "draft_n_accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
-            "mean_acceptance_length": s.mean_acceptance_length, "decode_tps": s.decode_tps}
+            "mean_acceptance_length": s.mean_acceptance_length, "decode_tps": s.decode_tps,
+            "batch_size": s.batch_size}
 
 
 class Server:
     def __init__(self, engine: Engine, model_id: str, defaults: SamplingParams, max_tokens: int = 512,
                  max_queue: int = 16, timeout: float = 600.0, api_key: str | None = None,
-                 num_draft: int | None = None):
+                 num_draft: int | None = None, batch_size: int = 1):
         self.model_id, self.defaults, self.max_tokens = model_id, defaults, max_tokens
         self.timeout, self.api_key, self.num_draft = timeout, api_key, num_draft
-        self.generator = Generator(engine, max_queue)
+        self.generator = Generator(engine, max_queue, batch_size)
         self.app = Starlette(routes=[
             Route("/health", self.health), Route("/v1/models", self.models),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),

@@ -25,6 +25,7 @@ class Stats:
     peak_memory: int = 0
     active_memory: int = 0
     drafter_report: str = ""  # figures of the drafter's own (lookahead: its n-gram pool)
+    batch_size: int = 1  # the most sequences decoded together with this one (batched decoding)
 
     def record_round(self, verdict) -> None:
         """Count a finished round (an engine `Round`)."""
@@ -72,7 +73,7 @@ class Stats:
         names = ["drafter", "policy", "prompt_tokens", "reused_prompt_tokens", "generated_tokens", "rounds",
                  "drafted", "accepted", "nodes", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
                  "prefill_tps", "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory",
-                 "drafter_report"]
+                 "drafter_report", "batch_size"]
         return {name: getattr(self, name) for name in names}
 
     def summary(self) -> str:

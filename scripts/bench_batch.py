@@ -55,6 +55,9 @@ def main() -> int:
             print(f"fetch the model first: python scripts/real_models.py {model}")
             return 2
         plain = mlx_spec.load(str(path) if path else None, drafter="off")
+        if problem := plain.batch_problem():
+            print(f"\n{model}: not benchmarked: {problem}")
+            continue
         contenders = {"mlx-spec, drafting off": plain, "mlx-spec, ngram": plain.with_drafter("ngram")}
         if args.draft_model and model != args.draft_model:
             draft = mlx_spec.load(str(path) if path else None, draft_model=str(real_models.mlx_dir(args.draft_model)),

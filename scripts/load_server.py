@@ -5,8 +5,9 @@
 Starts the server on a free localhost port (the model as `mlx-spec serve` takes it; default the built-in demo),
 then for each contender (drafting off, and the server's default drafter) sends `--requests` chat requests
 from `--concurrency` client threads with the official `openai` client, the contenders' batches interleaved
-`--rounds` times. Bounded in count and in time (`--time-limit` seconds), localhost only. Requests run one at a
-time in the server, so concurrency adds queueing, not throughput.
+`--rounds` times. Bounded in count and in time (`--time-limit` seconds), localhost only. `--batch-size` goes to
+the server: concurrent requests decode together up to it (1: one at a time, where concurrency adds queueing,
+not throughput).
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--time-limit", type=float, default=600, help="seconds; stops sending after this")
+    parser.add_argument("--batch-size", type=int, help="the server's --batch-size (default: its own)")
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "mlx_spec.cli", "serve", "--port", str(port), "--max-queue", "1000"]
     command += ["--model", args.model] * bool(args.model) + ["--draft-model", args.draft_model] * bool(args.draft_model)
+    command += ["--batch-size", str(args.batch_size)] * (args.batch_size is not None)
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -78,8 +78,8 @@ class ModelledCostPolicy(AdaptiveDraftLength):
         super().__init__(max_len, **kwargs)
         self.per_draft = per_draft
 
-    def observe(self, draft_len, accepted, seconds, rows=None):
-        super().observe(draft_len, accepted, 1.0 + self.per_draft * draft_len, rows)
+    def observe(self, draft_len, accepted, seconds):
+        super().observe(draft_len, accepted, 1.0 + self.per_draft * draft_len)
 
 
 class RandomDraftLengths:

@@ -82,10 +82,11 @@ def test_one_rows_rollback_leaves_the_others_untouched(tiny):
         inputs = np.zeros((len(rows), width), dtype=np.int32)
         for i, (tokens, draft) in enumerate(zip(rows, drafts)):
             inputs[i, :1 + len(draft)] = [tokens[-1], *draft]
+        earlier = batch.columns
+        batch.mark()
         logits = batch.forward(mx.array(inputs), [1 + len(d) for d in drafts])
         kept = [int(rng.integers(0, len(d) + 1)) for d in drafts]
         kept[step % len(rows)] = 0  # one row rejects everything
-        earlier = batch.columns - batch.block
         before = [(c.keys[:, :, :earlier], c.values[:, :, :earlier]) for c in batch.caches]
         batch.keep([k + 1 for k in kept])
         for (keys, values), cache in zip(before, batch.caches):  # nothing written before this round moved

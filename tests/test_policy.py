@@ -3,12 +3,13 @@
 import statistics
 
 import mlx.core as mx
+import pytest
 from helpers import PROMPT, CorruptedOracleDrafter, ModelledCostPolicy, plain_greedy
 
 import mlx_spec
 from mlx_spec.drafters import Draft
 from mlx_spec.engine import Engine
-from mlx_spec.policy import AdaptiveDraftLength
+from mlx_spec.policy import AdaptiveDraftLength, BatchDraftLength
 from mlx_spec.target import Target
 
 
@@ -99,3 +100,30 @@ def test_drafts_dearer_than_a_plain_step_are_named_as_such():
     assert policy.draft_len == 0  # round 43: not a probe
     assert policy.note == ("drafting off: one draft costs 1.50 plain steps here, more than even an always-right "
                            "draft gains")
+
+
+def drive_batch_policy(cost, rows: int, acceptance: float, rounds: int = 200) -> list[int]:
+    """BatchDraftLength over `rounds` rounds of `rows` rows whose drafts pass with probability `acceptance`
+    (seeded), a round of n forward tokens taking cost(n) seconds; returns the draft lengths it chose."""
+    import random
+
+    rng, policy, chosen = random.Random(0), BatchDraftLength(4), []
+    policy.resize(rows)
+    for _ in range(rounds):
+        k = policy.next_draft_len(1000)
+        chosen.append(k)
+        accepted = [next((j for j in range(k) if rng.random() > acceptance), k) for _ in range(rows)]
+        policy.observe(k, 0, cost(rows * (1 + k)), rows=[(k, a) for a in accepted])
+    return chosen
+
+
+def test_batches_draft_while_forwards_are_bandwidth_bound_and_stop_when_compute_bound():
+    flat = drive_batch_policy(lambda tokens: 1.0, rows=4, acceptance=0.8)  # a GPU with a small batch
+    assert statistics.mean(flat[20:]) > 3
+    proportional = drive_batch_policy(lambda tokens: 0.01 * tokens, rows=8, acceptance=0.8)  # compute-bound
+    assert statistics.mean(k > 0 for k in proportional[20:]) < 0.15  # off but for the probes
+    knee = drive_batch_policy(lambda tokens: max(1.0, 0.05 * tokens), rows=4, acceptance=0.8)  # flat to 20 tokens
+    assert statistics.mean(knee[20:]) == pytest.approx(4, abs=0.5)  # 4 x (1 + 4) = 20: still flat
+    # 16 rows: at the knee already; one draft costs 0.6 of a plain step and brings 0.8 of a token, two cost 1.4
+    assert statistics.mean(drive_batch_policy(lambda tokens: max(1.0, 0.05 * tokens), rows=16,
+                                              acceptance=0.8)[20:]) == pytest.approx(1, abs=0.2)

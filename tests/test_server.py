@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from helpers import KEY, PROMPT, run_cli, start_server
+from helpers import KEY, PROMPT, assert_one_line_error, run_cli, start_server
 
 LONG = 100_000  # tokens: minutes of generation, cut short by the test
 
@@ -73,12 +73,29 @@ def test_concurrent_clients_get_their_own_answers(server):
     prompts = [f"{PROMPT}# {i}\n" for i in range(8)]
 
     def ask(prompt):
-        return api.completions.create(model=model, prompt=prompt, max_tokens=12).choices[0].text
+        answer = api.completions.create(model=model, prompt=prompt, max_tokens=12)
+        return answer.choices[0].text, answer.usage.model_dump()["batch_size"]
 
     expected = [ask(p) for p in prompts]
+    assert {size for _, size in expected} == {1}  # one at a time: alone
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(ask, prompts * 3))
-    assert answers == expected * 3
+    assert [text for text, _ in answers] == [text for text, _ in expected] * 3
+    assert max(size for _, size in answers) > 1  # they were decoded together (the server's default batch)
+
+
+def test_a_batch_size_of_one_decodes_one_at_a_time(tiny):
+    proc, url = start_server(tiny, "--batch-size", "1")
+    try:
+        api = client(url)
+        with ThreadPoolExecutor(4) as pool:
+            sizes = list(pool.map(lambda i: api.completions.create(model=str(tiny["qwen3"]), prompt=f"{PROMPT}{i}",
+                                                                   max_tokens=8)
+                                  .usage.model_dump()["batch_size"], range(4)))
+        assert sizes == [1] * 4
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
 
 
 def test_a_client_that_goes_away_frees_the_server(server):
@@ -172,7 +189,7 @@ def test_authentication_and_unknown_routes(server):
 
 
 def test_queue_full_and_shutdown_with_requests_in_flight(tiny):
-    proc, url = start_server(tiny, "--max-queue", "1")
+    proc, url = start_server(tiny, "--max-queue", "1", "--batch-size", "1")  # a second request waits
     model, headers = str(tiny["qwen3"]), {"Authorization": f"Bearer {KEY}"}
     try:
         with httpx.stream("POST", f"{url}/v1/completions", headers=headers, timeout=120,
@@ -220,3 +237,6 @@ def test_a_request_past_the_timeout_ends_with_504(tiny):
 def test_serve_refuses_bad_options(tiny):
     proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--port", "70000")
     assert proc.returncode == 2 and "--port must be from 0 to 65535" in proc.stderr
+    proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-mtp-head"]),
+                   "--batch-size", "2")
+    assert_one_line_error(proc, "--batch-size 2", "does not draft in batches", "--batch-size 1")

@@ -71,6 +71,30 @@ class Drafter(Protocol):
         """The round kept `accepted` drafts; `context` now ends with them and the target's next token."""
 
 
+class RowDrafters:
+    """Drafting for a batch (`BatchedDecoder`) by one drafter per row, each proposing on its own."""
+
+    def __init__(self, name: str, make: Callable[[], Drafter]):
+        self.name, self.make, self.rows = name, make, []
+
+    def join(self, context: list[int]) -> None:
+        """A row at the end of the batch, whose tokens so far are `context`."""
+        self.rows.append(self.make())
+        self.rows[-1].begin(context, Step(None))
+
+    def select(self, rows: list[int]) -> None:
+        self.rows = [self.rows[i] for i in rows]
+
+    def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
+                keys: list[mx.array]) -> list[Draft]:
+        return [drafter.propose(context, k, p, key) if k else Draft.empty()
+                for drafter, context, k, p, key in zip(self.rows, contexts, lengths, params, keys)]
+
+    def accept(self, contexts: list[list[int]], accepted: list[int]) -> None:
+        for drafter, context, count in zip(self.rows, contexts, accepted):
+            drafter.accept(context, count, Step(None))
+
+
 def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.array], mx.array], k: int,
                            params: SamplingParams, context: list[int], key: mx.array) -> Draft:
     """k tokens from a model that drafts one at a time: `first_logits` (1, V) scores the first, and

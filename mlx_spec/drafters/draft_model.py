@@ -4,8 +4,10 @@ or with `width` > 1 a token tree (`grow_tree`: EAGLE-2's dynamic tree, the draft
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
-from ..sampling import SamplingParams
+from ..ragged import RaggedBatch
+from ..sampling import SamplingParams, distributions, greedy_tokens, sample
 from ..target import Step, Target
 from . import Draft, draft_autoregressively, grow_tree
 
@@ -23,9 +25,9 @@ class DraftModelDrafter:
         self.tree: Draft | None = None  # the last tree proposed
         self.fed: dict[int, int] = {}  # its nodes that the runner's cache holds -> their place after the context
 
-    def fork(self) -> "DraftModelDrafter":
-        """A drafter of its own (cache and all) on the same weights, for another sequence (a batch's row): chains."""
-        return DraftModelDrafter(self.weights, self.vocab_size, self.runner.kv_bits, self.runner.kv_group_size)
+    def batched(self) -> "BatchedDraftModel":
+        """Drafting for a batch: every row's draft step in one forward of the draft model, chains."""
+        return BatchedDraftModel(self.weights, self.vocab_size)
 
     @property
     def caches(self) -> list:
@@ -33,13 +35,7 @@ class DraftModelDrafter:
 
     def _logits(self, tokens, attend=None, positions: list[int] | None = None) -> mx.array:
         logits = self.runner.forward(tokens, attend, positions).logits
-        logits = logits if attend is not None else logits[-1:]
-        width = logits.shape[-1]
-        if width > self.vocab_size:
-            return logits[:, : self.vocab_size]
-        if width < self.vocab_size:
-            return mx.pad(logits, [(0, 0), (0, self.vocab_size - width)], constant_values=-mx.inf)
-        return logits
+        return fit_vocabulary(logits if attend is not None else logits[-1:], self.vocab_size)
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         self.runner.prefill(context[:-1], self.context)  # reuses the prefix it already holds
@@ -76,3 +72,74 @@ class DraftModelDrafter:
             self.runner.keep(len(self.fed), kept)
         # a round without drafting calls no propose: the runner then holds a prefix of its context as it is
         self.context, self.tree, self.proposed_from = context, None, self.runner.offset
+
+
+def fit_vocabulary(logits: mx.array, vocab_size: int) -> mx.array:
+    """The draft's scores over the target's vocabulary: padded rows cut, missing ones -inf."""
+    width = logits.shape[-1]
+    if width > vocab_size:
+        return logits[..., :vocab_size]
+    if width < vocab_size:
+        return mx.pad(logits, [(0, 0)] * (logits.ndim - 1) + [(0, vocab_size - width)], constant_values=-mx.inf)
+    return logits
+
+
+class BatchedDraftModel:
+    """The draft model drafting for a whole batch (`BatchedDecoder`): each draft step of every row in one forward
+    over a RaggedBatch of the draft model's own. Row i holds the first `held[i]` tokens of its context; a round
+    feeds each row the rest, then the drafted tokens, and keeps what the target accepted."""
+
+    name = "draft-model"
+
+    def __init__(self, model, vocab_size: int):
+        self.model, self.vocab_size = model, vocab_size
+        self.batch, self.held, self.fed = RaggedBatch(model), [], None
+
+    def join(self, context: list[int]) -> None:
+        self.batch.join(RaggedBatch.prefilled(self.model, context[:-1]))
+        self.held.append(len(context) - 1)
+
+    def select(self, rows: list[int]) -> None:
+        self.batch.select(rows)
+        self.held = [self.held[i] for i in rows]
+
+    def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
+                keys: list[mx.array]) -> list[Draft]:
+        longest, self.fed = max(lengths), None
+        if longest == 0:
+            return [Draft.empty() for _ in contexts]
+        tails = [context[held:] for context, held in zip(contexts, self.held)]
+        inputs = np.zeros((len(tails), max(map(len, tails))), dtype=np.int32)
+        for row, tail in enumerate(tails):
+            inputs[row, :len(tail)] = tail
+        self.batch.mark()
+        logits = self.batch.forward(mx.array(inputs), [len(t) for t in tails])
+        logits = fit_vocabulary(logits[mx.arange(len(tails)), mx.array([len(t) - 1 for t in tails])], self.vocab_size)
+        self.fed, self.longest = [len(t) for t in tails], longest
+        tokens, dists = [[] for _ in tails], [[] for _ in tails]
+        step_keys = [mx.random.split(key, k) if k else None for key, k in zip(keys, lengths)]
+        for j in range(longest):
+            column = []
+            for row, (context, k, p) in enumerate(zip(contexts, lengths, params)):
+                if j < k:
+                    drafted = mx.concatenate(tokens[row]) if tokens[row] else None
+                    if p.greedy:  # deterministic draft: q is one-hot, so none is kept
+                        tokens[row].append(greedy_tokens(logits[row:row + 1], p, context, drafted, start=j))
+                    else:
+                        dists[row].append(distributions(logits[row:row + 1], p, context, drafted, start=j))
+                        tokens[row].append(sample(dists[row][-1], step_keys[row][j]))
+                column.append(tokens[row][-1] if j < k else mx.zeros((1,), dtype=mx.int32))
+            if j < longest - 1:
+                step = self.batch.forward(mx.concatenate(column).astype(mx.int32)[:, None], [1] * len(tails))
+                logits = fit_vocabulary(step[:, 0], self.vocab_size)
+        return [Draft(mx.concatenate(t).astype(mx.int32), mx.concatenate(d) if d else None) if t else Draft.empty()
+                for t, d in zip(tokens, dists)]
+
+    def accept(self, contexts: list[list[int]], accepted: list[int]) -> None:
+        """Keep each row's fed tail and its accepted drafts that were fed (the last draft never is)."""
+        if self.fed is None:
+            return  # a round without drafting: the rows' tails wait for the next draft
+        kept = [fed + min(count, self.longest - 1) for fed, count in zip(self.fed, accepted)]
+        self.batch.keep(kept)
+        self.held = [held + k for held, k in zip(self.held, kept)]
+        self.fed = None

@@ -8,7 +8,7 @@ import mlx.core as mx
 
 from ..sampling import SamplingParams
 from ..target import Step
-from . import Draft
+from . import Draft, RowDrafters
 
 
 class NgramDrafter:
@@ -17,9 +17,9 @@ class NgramDrafter:
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2, width: int = 1):
         self.max_ngram, self.min_ngram, self.width = max_ngram, min_ngram, width
 
-    def fork(self) -> "NgramDrafter":
-        """A drafter of its own for another sequence (a batch's row): chains."""
-        return NgramDrafter(self.max_ngram, self.min_ngram)
+    def batched(self) -> RowDrafters:
+        """Drafting for a batch: an n-gram index of its own per row, chains."""
+        return RowDrafters(self.name, lambda: NgramDrafter(self.max_ngram, self.min_ngram))
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         self.latest: dict[tuple[int, ...], list[int]] = {}  # n-gram -> ends of its latest occurrences, newest first
