@@ -146,14 +146,8 @@ class BatchedDecoder:
         decoding = bool(rows)
         while joining:
             row = joining[0]
-            if row.prefill is None:
-                row.prefill = RaggedBatch(self.model, rows=1)
-            prompt, done = row.job.prompt[:-1], int(row.prefill.offsets[0])
-            if done < len(prompt):
-                chunk = prompt[done:done + PREFILL_CHUNK]
-                row.prefill.forward(mx.array([chunk], dtype=mx.int32), [len(chunk)])
-                mx.eval([c.state for c in row.prefill.caches])
-            if done + PREFILL_CHUNK >= len(prompt):
+            row.prefill = row.prefill or RaggedBatch(self.model, rows=1)
+            if row.prefill.extend(row.job.prompt[:-1], PREFILL_CHUNK):
                 joining.popleft()
                 batch.join(row.prefill)
                 row.prefill = None

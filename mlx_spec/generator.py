@@ -166,8 +166,14 @@ class Generator:
                 job.send(event)
 
     def batchable(self, job: Job) -> bool:
-        return (self.batch_size > 1 and not job.native and job.draft_len is None
-                and self.engine_for(job.drafter).batch_problem() is None)
+        """Whether `job` may share a batch; a drafter that fails to load says so when the job runs alone (its own
+        400), not in the middle of a batch it would end for everyone."""
+        if self.batch_size == 1 or job.native or job.draft_len is not None:
+            return False
+        try:
+            return self.engine_for(job.drafter).batch_problem() is None
+        except SpecError:
+            return False
 
     def generate_batch(self, first: Job) -> None:
         """`first` and the jobs that arrive for the same engine while it runs, decoded together. Calls that

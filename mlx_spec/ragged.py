@@ -68,20 +68,32 @@ class RaggedBatch:
         self.caches = [RaggedKVCache(self) for _ in make_prompt_cache(model)]
         self.columns = 0  # columns written (valid or not)
         self.capacity = 0  # columns the buffers hold
-        self.valid = np.zeros((rows, 0), dtype=bool)  # (B, columns)
-        self.offsets = np.zeros(rows, dtype=np.int64)  # (B,) positions each row holds
+        self.valid = np.zeros((rows, 0), dtype=bool)  # (B, columns): a row holds its valid columns' positions
         self.positions = self.mask = None  # set around a forward
-        self.marked, self.marked_offsets = None, self.offsets  # columns and positions at the round's start
+        self.marked = None  # the columns written when the round began (`mark`)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """(B,) the positions each row holds."""
+        return self.valid.sum(axis=1)
 
     @classmethod
     def prefilled(cls, model, tokens: list[int], chunk: int = 512) -> "RaggedBatch":
-        """A batch of one row holding `tokens`, run `chunk` at a time (a prompt, before it joins a batch)."""
+        """A batch of one row holding `tokens` (a prompt, before it joins a batch)."""
         batch = cls(model, rows=1)
-        for start in range(0, len(tokens), chunk):
-            part = tokens[start:start + chunk]
-            batch.forward(mx.array([part], dtype=mx.int32), [len(part)])
-            mx.eval([c.state for c in batch.caches])
+        while not batch.extend(tokens, chunk):
+            pass
         return batch
+
+    def extend(self, tokens: list[int], chunk: int = 512) -> bool:
+        """Run the next `chunk` of `tokens` that this one-row batch does not hold yet; whether it now holds them
+        all (a prompt prefilled a chunk at a time)."""
+        done = int(self.offsets[0])
+        if done < len(tokens):
+            part = tokens[done:done + chunk]
+            self.forward(mx.array([part], dtype=mx.int32), [len(part)])
+            mx.eval([c.state for c in self.caches])
+        return done + chunk >= len(tokens)
 
     @staticmethod
     def problem(model) -> str | None:
@@ -91,11 +103,11 @@ class RaggedBatch:
 
     @property
     def size(self) -> int:
-        return len(self.offsets)
+        return self.valid.shape[0]
 
     def mark(self) -> None:
         """Start a round: `keep` then says what stays of every forward since."""
-        self.marked, self.marked_offsets = self.columns, self.offsets.copy()
+        self.marked = self.columns
 
     def forward(self, tokens: mx.array, lengths: list[int]) -> mx.array:
         """Run `tokens` (B, n) after what each row holds: row i's first `lengths[i]` inputs are real, the rest
@@ -115,7 +127,6 @@ class RaggedBatch:
         grown[:, :self.columns] = self.valid[:, :self.columns]
         grown[:, self.columns:] = np.arange(n)[None, :] < np.array(lengths)[:, None]
         self.valid, self.columns = grown, self.columns + n
-        self.offsets = self.offsets + np.array(lengths, dtype=np.int64)
         return logits
 
     def keep(self, kept: list[int]) -> None:
@@ -125,7 +136,6 @@ class RaggedBatch:
         for row, count in enumerate(kept):
             new = np.flatnonzero(self.valid[row, self.marked:]) + self.marked
             self.valid[row, new[count:]] = False
-            self.offsets[row] = self.marked_offsets[row] + count
             end = max(end, new[count - 1] + 1 if count else end)
         self.columns, self.marked = end, None
         self.valid = self.valid[:, :end]
@@ -136,7 +146,7 @@ class RaggedBatch:
         for cache in self.caches:
             if cache.keys is not None:
                 cache.keys, cache.values = cache.keys[index], cache.values[index]
-        self.valid, self.offsets = self.valid[rows], self.offsets[rows]
+        self.valid = self.valid[rows]
         if not rows:
             self.columns = 0
             self.valid = np.zeros((0, 0), dtype=bool)
@@ -160,7 +170,6 @@ class RaggedBatch:
                 stacked.append(mx.concatenate(parts, axis=0))
             mine.keys, mine.values = stacked
         self.valid = np.concatenate([np.pad(batch.valid[:, :batch.columns], ((0, 0), (pad, 0))) for batch, pad in sides])
-        self.offsets = np.concatenate([self.offsets, other.offsets])
         self.columns = self.capacity = width
 
     def _make_room(self, n: int) -> None:

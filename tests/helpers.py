@@ -18,7 +18,7 @@ from mlx_lm.utils import load
 from safetensors.numpy import load_file, save_file
 
 from mlx_spec.drafters import Draft
-from mlx_spec.policy import AdaptiveDraftLength
+from mlx_spec.policy import AdaptiveDraftLength, BatchDraftLength
 from tiny import PROMPT  # noqa: F401  the tests' prompt (the Medusa test heads are trained on it)
 
 
@@ -80,6 +80,14 @@ class ModelledCostPolicy(AdaptiveDraftLength):
 
     def observe(self, draft_len, accepted, seconds):
         super().observe(draft_len, accepted, 1.0 + self.per_draft * draft_len)
+
+
+class FlatCostBatchPolicy(BatchDraftLength):
+    """The batch policy fed a flat cost (every round one second, as a bandwidth-bound GPU would take) instead of
+    the clock, so that a test's draft lengths depend on acceptance alone, not on how busy the machine is."""
+
+    def observe(self, draft_len, accepted, seconds, rows=None):
+        super().observe(draft_len, accepted, 1.0, rows)
 
 
 class RandomDraftLengths:

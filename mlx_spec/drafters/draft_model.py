@@ -86,29 +86,27 @@ def fit_vocabulary(logits: mx.array, vocab_size: int) -> mx.array:
 
 class BatchedDraftModel:
     """The draft model drafting for a whole batch (`BatchedDecoder`): each draft step of every row in one forward
-    over a RaggedBatch of the draft model's own. Row i holds the first `held[i]` tokens of its context; a round
-    feeds each row the rest, then the drafted tokens, and keeps what the target accepted."""
+    over a RaggedBatch of the draft model's own, whose row i holds the first `batch.offsets[i]` tokens of its
+    context; a round feeds each row the rest, then the drafted tokens, and keeps what the target accepted."""
 
     name = "draft-model"
 
     def __init__(self, model, vocab_size: int):
         self.model, self.vocab_size = model, vocab_size
-        self.batch, self.held, self.fed = RaggedBatch(model), [], None
+        self.batch, self.fed = RaggedBatch(model), None
 
     def join(self, context: list[int]) -> None:
         self.batch.join(RaggedBatch.prefilled(self.model, context[:-1]))
-        self.held.append(len(context) - 1)
 
     def select(self, rows: list[int]) -> None:
         self.batch.select(rows)
-        self.held = [self.held[i] for i in rows]
 
     def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
                 keys: list[mx.array]) -> list[Draft]:
         longest, self.fed = max(lengths), None
         if longest == 0:
             return [Draft.empty() for _ in contexts]
-        tails = [context[held:] for context, held in zip(contexts, self.held)]
+        tails = [context[held:] for context, held in zip(contexts, self.batch.offsets)]
         inputs = np.zeros((len(tails), max(map(len, tails))), dtype=np.int32)
         for row, tail in enumerate(tails):
             inputs[row, :len(tail)] = tail
@@ -141,5 +139,4 @@ class BatchedDraftModel:
             return  # a round without drafting: the rows' tails wait for the next draft
         kept = [fed + min(count, self.longest - 1) for fed, count in zip(self.fed, accepted)]
         self.batch.keep(kept)
-        self.held = [held + k for held, k in zip(self.held, kept)]
         self.fed = None
