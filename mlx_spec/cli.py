@@ -65,6 +65,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
         help="target hidden state fed to the MTP layer: after (default) or before the final norm")
     add("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
     add("--kv-group-size", type=int, default=64, choices=[32, 64, 128])
+    add("--distributed", choices=["tensor", "pipeline"],
+        help="shard the target across the processes mlx.launch started (tensor or pipeline parallelism); every "
+             "rank drafts for itself, rank 0 prints and writes")
     return actions
 
 
@@ -107,12 +110,30 @@ def model_notice(model: str | None) -> str:
     return f"{model}: {note}" if note else ""
 
 
+def leads(args) -> bool:
+    """False on the ranks of `--distributed` other than 0: they read no input and write nothing (their files
+    may not exist on their machine), and only follow rank 0's generations."""
+    if not args.distributed:
+        return True
+    from .distributed import join
+
+    return join(args.distributed).rank() == 0
+
+
 def load_engine(args):
+    """The engine the model flags ask for. Under `--distributed`, only rank 0 returns: the other ranks run the
+    generations it starts and exit when it is done."""
+    import atexit
+
     from . import linux_blas
     from .loading import load
 
     engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size,
-                  args.mtp_hidden, args.tree_width)
+                  args.mtp_hidden, args.tree_width, args.distributed)
+    if lockstep := engine.lockstep:
+        if not lockstep.leader:
+            sys.exit(lockstep.follow(engine))
+        atexit.register(lockstep.finish)
     if notice := model_notice(args.model):
         print(notice, file=sys.stderr)
     status = engine.status()
@@ -127,7 +148,7 @@ def generate(args) -> int:
 
     params = sampling_params(args)
     try:
-        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+        prompt = sys.stdin.read() if args.prompt == "-" and leads(args) else args.prompt
     except UnicodeDecodeError:
         raise SpecError("the prompt on stdin is not UTF-8 text: convert it first (e.g. iconv -t UTF-8)") from None
     engine = load_engine(args)
@@ -168,7 +189,8 @@ def batch(args) -> int:
 
     if args.max_tokens < 1:
         raise SpecError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    check_paths(args.input, args.output)
+    if leads(args):
+        check_paths(args.input, args.output)
     defaults = sampling_params(args)
     engine = load_engine(args)
     generated = bad = 0
@@ -201,6 +223,9 @@ def bench(args) -> int:
     from .files import check_writable
     from .loading import DEMO, load
 
+    if args.distributed:
+        raise SpecError("bench measures one process: scripts/bench_distributed.py compares plain and speculative "
+                        "decoding on 1 and 2 ranks")
     if args.reps < 1:
         raise SpecError(f"--reps must be >= 1, got {args.reps}")
     if args.max_tokens < 1:
@@ -241,6 +266,10 @@ def chat(args) -> int:
 
     if args.server:
         return remote_chat(args)
+    if args.distributed:
+        raise SpecError("the chat needs a terminal, which mlx.launch does not give its ranks: serve the sharded "
+                        f"model (mlx.launch ... mlx-spec serve --distributed {args.distributed}) and chat with it by "
+                        "mlx-spec chat --server URL")
     params = sampling_params(args)
     engine = load_engine(args)
     notice = model_notice(args.model)
@@ -410,6 +439,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(file=sys.stderr)
         return 130
+    except RuntimeError as e:  # a collective of `--distributed` ranks failed: another rank went away
+        from .distributed import lost
+
+        if (error := lost(e)) is None:
+            raise
+        print(f"mlx-spec: error: {error}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # the reader went away (e.g. `| head`): no complaint at exit either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -15,6 +15,11 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
   `mx.fast.rope` (which takes one offset per batch row), and masks that come from `cache.make_mask`;
 - for batches (ragged.py): the same rotation and masks with one offset per batch row (`cache.offset` an array)
   and a (B, 1, n, m) mask, `check_batches` comparing each row with the model run on it alone;
+- for `--distributed`: `Model.shard(group)` (tensor parallelism) and the inner model's `pipeline(group)`
+  (`split_model`), whose forward passes exchange activations so that every rank ends with the same logits, and
+  the `sharding_group` a sharded Qwen3.5 GDN layer and head carry (`models/qwen3_5.py` sums and gathers as
+  mlx-lm's do); no single process can check these: every round the ranks compare what they accepted
+  (`distributed.Lockstep.agree`), and the tests compare two ranks with one process;
 - for nextn MTP layers (models/nextn.py): a DeepSeek-V3 / GLM-4.5 `Model.sanitize` that reads only `self.args`
   and converts the Hugging Face tensors of every layer below `num_hidden_layers` (the nextn block goes through it
   as layer 0), and DeepSeek-V3's, which drops the nextn layer only at index 61 (`drop_nextn_layers` drops it at
@@ -110,6 +115,27 @@ def drop_nextn_layers() -> None:
 def _layer_at_or_past(key: str, depth: int) -> bool:
     parts = key.split(".")
     return key.startswith("model.layers.") and parts[2].isdigit() and int(parts[2]) >= depth
+
+
+def split_model(model, mode: str, group, name: str) -> None:
+    """Shard a lazily loaded mlx-lm model across `group` before its weights are read: "tensor" through its
+    `Model.shard(group)`, "pipeline" through the `pipeline(group)` of its inner model (mlx-lm's PipelineMixin, at
+    `model.model`, or `model.language_model.model` in a multimodal wrapper)."""
+    import mlx_lm
+
+    inner = getattr(getattr(model, "language_model", model), "model", None)
+    splitters = {"tensor": getattr(model, "shard", None), "pipeline": getattr(inner, "pipeline", None)}
+    splitter = splitters[mode]
+    kind = getattr(model, "model_type", type(model).__module__.rsplit(".", 1)[-1])
+    if splitter is None:
+        other = next((m for m, split in splitters.items() if split is not None), None)
+        raise SpecError(f"mlx-lm {mlx_lm.__version__} cannot split {name} ({kind}) by {mode} parallelism: "
+                        + (f"try --distributed {other}" if other else "run it on one machine"))
+    try:
+        splitter(group)
+    except (AssertionError, ValueError) as e:
+        raise SpecError(f"{name} ({kind}) cannot be split {mode}-wise across {group.size()} ranks ({e}): use "
+                        "another number of ranks or the other --distributed mode") from None
 
 
 def final_norm(model):

@@ -180,6 +180,7 @@ class Engine:
         self.stop_requested = False
         self.pin(draft_len)
         self.policy = self.next_policy
+        self.lockstep = None  # distributed.Lockstep: this engine's target is sharded across ranks kept in step
 
     def pin(self, draft_len: int | None, tree_width: int | None = None) -> None:
         """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose; from the
@@ -192,8 +193,14 @@ class Engine:
                             f"loaded with, --tree-width), got {tree_width!r}")
         self.next_policy = draft_policy(draft_len if self.drafter else 0, self.max_draft_len, width)
 
+    def policy_now(self):
+        """The draft-length policy for the next round: the latest `pin`, or on distributed ranks the one they all
+        agreed on (`Lockstep.agree` hands a pin on at the end of the round it came in)."""
+        return self.lockstep.policy if self.lockstep else self.next_policy
+
     def stop(self) -> None:
-        """End the running generation after the current round, with stop reason "stopped" and its statistics."""
+        """End the running generation after the current round, with stop reason "stopped" and its statistics
+        (on distributed ranks after the next one: the ranks agree on it first, as on a `pin`)."""
         self.stop_requested = True
 
     def status(self) -> EngineStatus:
@@ -237,9 +244,11 @@ class Engine:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise SpecError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
         context, chat = self.encode_chat(prompt)
+        if self.lockstep:  # the other ranks run this generation too
+            self.lockstep.begin(self, context, params, max_tokens, list(stop), seed)
         prompt_ids, self.conversation = list(context), ("", [])
         self.stop_requested = False
-        self.policy = self.next_policy
+        self.policy = self.policy_now()
         stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
         mx.reset_peak_memory()
         start = time.perf_counter()
@@ -255,7 +264,7 @@ class Engine:
         text, generated, key = TextStream(self.tokenizer, list(stop)), [], mx.random.key(seed)
         eos, stop_reason = self.tokenizer.eos_token_ids, None
         while stop_reason is None:
-            self.policy = self.next_policy  # a pin() from another thread takes effect here
+            self.policy = self.policy_now()  # a pin() from another thread takes effect here
             key, round_key = mx.random.split(key)
             draft_len = self.policy.next_draft_len(max_tokens - len(generated))
             if self.tree_width > 1:
@@ -266,13 +275,17 @@ class Engine:
             except Exception:
                 self.cached_context = []  # the cache may hold a half-finished round: never reuse it
                 raise
-            self.policy.observe(verdict.draft_len, verdict.accepted, time.perf_counter() - round_start)
+            seconds = time.perf_counter() - round_start
+            stop_now = self.stop_requested
+            if self.lockstep:  # every rank checks the tokens agree, and takes rank 0's time, stop and pin
+                seconds, stop_now = self.lockstep.agree(self, new_tokens, seconds, stop_now)
+            self.policy.observe(verdict.draft_len, verdict.accepted, seconds)
             context += new_tokens
             stats.record_round(verdict)
             yield verdict
             tokens, stop_reason = emit(new_tokens, verdict.accepted, generated, text, eos, max_tokens)
             yield from tokens
-            if stop_reason is None and self.stop_requested:
+            if stop_reason is None and stop_now:
                 stop_reason = "stopped"
 
         if tail := text.finish():
@@ -284,6 +297,8 @@ class Engine:
         stats.record_memory()
         if chat is not None and stop_reason != "stop_string":  # tokens past a stop string are not in the text
             self.conversation = (chat + text.text, prompt_ids + generated[: len(generated) - (stop_reason == "eos")])
+        if self.lockstep:
+            self.lockstep.end()
         yield Done(stop_reason, text.text, generated, stats)
 
     def speculate_round(self, context: list[int], draft_len: int, params: SamplingParams, key: mx.array,
@@ -357,6 +372,8 @@ class Engine:
         """Why `generate_many` can only decode one sequence at a time here (None: it batches)."""
         from .batched import batch_problem
 
+        if self.lockstep:
+            return "batches are not decoded across distributed ranks yet"
         return batch_problem(self.target.model, self.drafter, self.target.kv_bits)
 
     def largest_batch(self, tokens_per_row: int) -> int:

@@ -18,6 +18,7 @@ from .drafters.lookahead import LookaheadDrafter
 from .drafters.medusa import MedusaDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.qwen_mtp import MTPDrafter
+from .distributed import Lockstep, join
 from .engine import Engine
 from .errors import SpecError
 from .models import materialize
@@ -78,9 +79,10 @@ def weight_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("model*.safetensors"))
 
 
-def check_memory(target_path: Path, draft_path: Path | None, what: str = "target model") -> None:
-    """Refuse before loading when the weights cannot fit: the draft competes with the target for memory."""
-    target, available = weight_bytes(target_path), psutil.virtual_memory().available
+def check_memory(target_path: Path, draft_path: Path | None, what: str = "target model", shards: int = 1) -> None:
+    """Refuse before loading when the weights cannot fit: the draft competes with the target for memory. `shards`:
+    the ranks the target is split across (each holds about its share)."""
+    target, available = weight_bytes(target_path) // shards, psutil.virtual_memory().available
     gib = 2**30
     if target > available:
         raise SpecError(f"not enough memory for the {what} at {target_path}: its weights need "
@@ -101,16 +103,21 @@ def read_config(path: Path) -> dict:
         raise SpecError(f"{path / 'config.json'} is not valid JSON ({e}): re-download the checkpoint") from None
 
 
-def load_checkpoint(path: Path, what: str):
-    """(model, tokenizer, config) from a checkpoint directory, with one-line errors for broken ones."""
+def load_checkpoint(path: Path, what: str, split=None):
+    """(model, tokenizer, config) from a checkpoint directory, with one-line errors for broken ones. `split(model)`
+    shards the model before its weights are read (each rank reads its own slice)."""
     from mlx_lm.utils import load_model, load_tokenizer
 
     read_config(path)
     if not weight_bytes(path):
         raise SpecError(f"{path} holds no model*.safetensors weights: re-download or re-convert the checkpoint")
     try:
-        model, config = load_model(path)
+        model, config = load_model(path, lazy=split is not None)
+        if split is not None:
+            split(model)
         materialize(model)
+    except SpecError:
+        raise
     except Exception as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SpecError(f"cannot load the {what} weights in {path} ({reason}): the files are corrupt, incomplete "
@@ -165,16 +172,22 @@ class LoadedTarget:
     config: dict
     entry: dict  # its models.toml entry, if any
     default_draft_model: str | None
+    lockstep: Lockstep | None = None  # the ranks this target is sharded across (`distributed`)
 
 
-def load_target(model: str | None, draft_model: str | None = None) -> LoadedTarget:
-    """Resolve and load a target; `draft_model` (when one will be used) is counted in the memory check."""
+def load_target(model: str | None, draft_model: str | None = None, distributed: str | None = None) -> LoadedTarget:
+    """Resolve and load a target; `draft_model` (when one will be used) is counted in the memory check.
+    distributed: "tensor" or "pipeline" shards it across the ranks `mlx.launch` started (this process holds its
+    slice; every engine made from it runs in lockstep with the other ranks')."""
     model = model or DEMO_NAME
     entry = registry().get(model, {})
     target_path, default_draft = resolve(model), entry.get("draft_model")
-    check_memory(target_path, resolve(draft_model) if draft_model else None)
-    target_model, tokenizer, config = load_checkpoint(target_path, "target model")
-    return LoadedTarget(target_path, target_model, tokenizer, config, entry, default_draft)
+    group = join(distributed) if distributed else None
+    check_memory(target_path, resolve(draft_model) if draft_model else None, shards=group.size() if group else 1)
+    split = (lambda m: compat.split_model(m, distributed, group, target_path.name)) if group else None
+    target_model, tokenizer, config = load_checkpoint(target_path, "target model", split)
+    return LoadedTarget(target_path, target_model, tokenizer, config, entry, default_draft,
+                        Lockstep(group, distributed) if group else None)
 
 
 MAX_TREE_WIDTH = 8
@@ -270,8 +283,10 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     def sibling(name: str) -> Engine:
         return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden,
                            tree_width if name in ("draft-model", "ngram", "off") else 1)
-    return Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
-                  available_drafters(target, draft_model, runner.tree_problem() is None) + ["off"])
+    engine = Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
+                    available_drafters(target, draft_model, runner.tree_problem() is None) + ["off"])
+    engine.lockstep = target.lockstep
+    return engine
 
 
 def available_drafters(target: LoadedTarget, draft_model: str | None, trees: bool) -> list[str]:
@@ -340,7 +355,7 @@ def load_assistant_drafter(path: Path, target: LoadedTarget, runner: Target, kv_
 
 def load(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
          draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
-         mtp_hidden: str = "post", tree_width: int = 1) -> Engine:
+         mtp_hidden: str = "post", tree_width: int = 1, distributed: str | None = None) -> Engine:
     """Load a target and a drafter into an Engine.
 
     model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
@@ -353,9 +368,11 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     tree_width: > 1 makes the draft model (or n-gram) propose token trees of that many nodes per level
     (verified in one forward); targets or drafts whose caches cannot hold a tree draft chains, and
     `status().shape` says why.
+    distributed: "tensor" or "pipeline": the target sharded across the ranks `mlx.launch` started, the drafter
+    whole on each (`distributed.Lockstep`; rank 0 leads, the others call `engine.lockstep.follow(engine)`).
     """
     planned_draft = draft_model if drafter in (None, "draft-model") else None
     if planned_draft is None and drafter in (None, "draft-model"):
         planned_draft = registry().get(model or DEMO_NAME, {}).get("draft_model")
-    target = load_target(model, planned_draft)
+    target = load_target(model, planned_draft, distributed)
     return make_engine(target, draft_model, drafter, draft_len, kv_bits, kv_group_size, mtp_hidden, tree_width)

@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import qwen3_5, qwen3_next
-from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.base import create_attention_mask, gather_last_axis
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
 from ..caches import RecurrentCache
@@ -146,7 +146,10 @@ class CapturingGDN:
         q, k = normalize_qk(q, k, inv_scale=self.head_k_dim**-0.5, eps=1e-6)
         out, states = recurrence_with_states(q, k, v, a, b, self.A_log, self.dt_bias, cache[1])
         cache.record(conv_input, states)
-        return self.out_proj(self.norm(out, z).reshape(B, S, -1))
+        out = self.out_proj(self.norm(out, z).reshape(B, S, -1))
+        if getattr(self, "sharding_group", None) is not None:  # tensor parallel: each rank holds some heads
+            out = mx.distributed.all_sum(out, group=self.sharding_group)
+        return out
 
 
 class CapturingGatedDeltaNet(CapturingGDN, qwen3_5.GatedDeltaNet):
@@ -283,4 +286,8 @@ def split_fused_experts(weights: dict, prefix: str) -> dict:
 def lm_head(model):
     """The target's output head (the MTP layer has none of its own)."""
     text = text_model(model)
-    return text.model.embed_tokens.as_linear if text.args.tie_word_embeddings else text.lm_head
+    if text.args.tie_word_embeddings:
+        return text.model.embed_tokens.as_linear
+    if (group := getattr(text, "sharding_group", None)) is None:
+        return text.lm_head
+    return lambda x: gather_last_axis(text.lm_head(x), group)  # tensor parallel: each rank scores a vocab slice

@@ -1,0 +1,152 @@
+"""Speculation over a target sharded across processes with MLX's distributed backend (`mlx.launch`).
+
+Every rank holds a slice of the target (mlx-lm's tensor or pipeline sharding: its forward passes exchange
+activations among the ranks) and a whole drafter, and runs the same engine on the same inputs with the same seeds,
+so every rank drafts, verifies and accepts the same tokens without sending drafts around. Rank 0 (the leader) runs
+the command; the others (followers) run each generation it starts. Three things keep them in step:
+- `share`: the leader hands each generation (the engine it runs on, its prompt ids, settings and the draft-length
+  policy's state) to every follower before it starts;
+- `agree`, once a round: every rank contributes a checksum of the tokens it accepted, and takes the leader's round
+  time (the policy learns the same costs everywhere, so it picks the same draft lengths), its stop request and
+  a draft length pinned meanwhile; a checksum that differs stops every rank with an error (ranks on different
+  hardware computing different floats);
+- `finish`: the leader's last message, after which the followers exit.
+A rank that dies breaks the others' next collective ("connection lost"): `lost` turns that into a one-line error.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from .errors import SpecError
+
+MODES = ("tensor", "pipeline")
+LAUNCH_HINT = "start every rank with mlx.launch, e.g. `mlx.launch -n 2 --backend ring -- mlx-spec generate ...`"
+
+
+def join(mode: str) -> mx.distributed.Group:
+    """This process's group for `--distributed MODE`; fails unless it was started as one of several ranks."""
+    if mode not in MODES:
+        raise SpecError(f"--distributed must be one of {', '.join(MODES)}, got {mode!r}")
+    try:
+        group = mx.distributed.init(strict=True)
+    except RuntimeError as e:
+        raise SpecError(f"--distributed {mode}: no distributed backend answered ({first_line(e)}): {LAUNCH_HINT}")
+    if group.size() < 2:
+        raise SpecError(f"--distributed {mode} needs two or more processes, this one runs alone: {LAUNCH_HINT}")
+    return group
+
+
+def first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
+def lost(error: BaseException) -> SpecError | None:
+    """The one-line error for a collective that failed because another rank went away (None: not that)."""
+    text = str(error)
+    if isinstance(error, RuntimeError) and any(text.startswith(f"[{b}]") for b in ("ring", "mpi", "jaccl", "nccl")):
+        rank = mx.distributed.init().rank() if mx.distributed.is_available() else 0
+        return SpecError(f"rank {rank}: the distributed group broke ({first_line(error)}): another rank stopped or "
+                         "lost its connection; see its output")
+    return None
+
+
+@dataclass
+class Generation:
+    """What a follower needs to run the leader's next generation exactly as the leader does."""
+
+    engine: int  # which of the leader's engines (0: the loaded one; others: `with_drafter` siblings, in order made)
+    drafter: str  # that engine's drafter, to make the follower's sibling the first time
+    policy: object  # the engine's draft-length policy as it stands (learnt costs and acceptance included)
+    prompt: list[int]
+    params: object
+    max_tokens: int
+    stop: list[str]
+    seed: int
+
+
+class Lockstep:
+    """The ranks of one sharded engine (and its siblings) acting as one; see the module docstring."""
+
+    def __init__(self, group: mx.distributed.Group, mode: str):
+        self.group, self.mode = group, mode
+        self.rank, self.size = group.rank(), group.size()
+        self.engines: list = []  # the leader's engines, by the index generations name them with
+        self.running = False  # a generation is under way: its collectives must finish before any other
+        self.policy = None  # the draft-length policy the followers last received
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def _sum(self, values: np.ndarray) -> np.ndarray:
+        out = mx.distributed.all_sum(mx.array(values), group=self.group, stream=mx.cpu)
+        mx.eval(out)
+        return np.array(out)
+
+    def share(self, obj: object = None) -> object:
+        """The leader's `obj` on every rank (the followers' argument is ignored)."""
+        data = np.frombuffer(pickle.dumps(obj), np.uint8) if self.leader else np.zeros(0, np.uint8)
+        length = int(self._sum(np.array([data.size], np.int32))[0])
+        payload = data if self.leader else np.zeros(length, np.uint8)
+        return pickle.loads(self._sum(payload).tobytes())
+
+    def begin(self, engine, prompt: list[int], params, max_tokens: int, stop: list[str], seed: int) -> None:
+        """Called by `Engine.stream` as a generation starts: the leader sends it to the followers."""
+        policy = engine.next_policy  # read once: a pin may land at any time
+        if self.leader:
+            if engine not in self.engines:
+                self.engines.append(engine)
+            self.share(Generation(self.engines.index(engine), engine.status().drafter, policy, list(prompt), params,
+                                  max_tokens, list(stop), seed))
+        self.policy = policy
+        self.running = True
+
+    def agree(self, engine, tokens: list[int], seconds: float, stop: bool) -> tuple[float, bool]:
+        """Once a round, after `engine` accepted `tokens` in `seconds`: check that every rank accepted the same.
+        Returns rank 0's round seconds (for the policy to learn) and stop request; rank 0's draft-length policy,
+        if another thread pinned a new one meanwhile, becomes every rank's `policy` from the next round on."""
+        checksum = zlib.crc32(np.asarray(tokens, np.int64).tobytes()) & 0x7FFFFFFF
+        pinned = engine.next_policy if self.leader else None  # read once: a pin may land at any time
+        mine = mx.array([checksum, min(int(seconds * 1e6), 2**31 - 1), int(stop),
+                         int(self.leader and pinned is not self.policy)], dtype=mx.int32)
+        every = mx.distributed.all_gather(mine, group=self.group, stream=mx.cpu)
+        mx.eval(every)
+        every = np.array(every).reshape(self.size, 4)
+        if (every[:, 0] != every[0, 0]).any():
+            ranks = ", ".join(str(r) for r in np.flatnonzero(every[:, 0] != every[0, 0]))
+            raise SpecError(f"rank {ranks} accepted other tokens than rank 0 this round: the ranks' forward passes "
+                            "disagree (different hardware, MLX versions or checkpoint files?); every rank stops")
+        if every[0, 3]:  # rank 0 was pinned this round: its new policy, on every rank from the next round on
+            shared = self.share(pinned)
+            self.policy = pinned if self.leader else shared
+            if not self.leader:
+                engine.next_policy = shared
+        return every[0, 1] / 1e6, bool(every[0, 2])
+
+    def end(self) -> None:
+        """Called by `Engine.stream` as a generation ends, on every rank."""
+        self.running = False
+
+    def follow(self, engine) -> int:
+        """A follower's whole job: run each generation the leader shares until it finishes; returns 0."""
+        engines = [engine]
+        while (job := self.share()) is not None:
+            while len(engines) <= job.engine:
+                engines.append(engine.with_drafter(job.drafter))
+            follower = engines[job.engine]
+            follower.next_policy = job.policy
+            for _ in follower.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
+                pass
+        return 0
+
+    def finish(self) -> None:
+        """The leader's last word: the followers leave `follow`. Skipped after a generation broke off halfway
+        (the followers are inside its collectives; the leader's exit ends them with `lost`)."""
+        if self.leader and not self.running:
+            self.share(None)

@@ -1,0 +1,224 @@
+"""`--distributed`: the target sharded across two real processes on MLX's ring backend over localhost, started by
+the real `mlx.launch` (or by hand where a test needs each rank's own process: killing one, giving one other
+weights), each running the real CLI."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import KEY, PROMPT, assert_one_line_error, default_ctrl_c, free_port, plain_greedy, run_cli
+
+import mlx_spec
+from mlx_spec.prompts import render_prompt
+from mlx_spec.sampling import SamplingParams
+
+LAUNCHER = Path(sys.executable).parent / "mlx.launch"  # installed with mlx, next to this interpreter
+
+
+def free_port_pair() -> int:
+    """A port p such that p and p + 1 are free (the ring backend listens on one port per rank)."""
+    while True:
+        port = free_port()
+        if port < 65535 and not _taken(port + 1):
+            return port
+
+
+def _taken(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def mlx_launch(*args, timeout: int = 240) -> subprocess.CompletedProcess:
+    """`mlx.launch -n 2 --backend ring ... mlx-spec ARGS` on localhost (its exit status is 0 even when a rank
+    fails: the tests read what rank 0 printed). Its stdin is a pipe left open: mlx.launch polls its stdin, and
+    spins a core once that is at end of file."""
+    command = [str(LAUNCHER), "-n", "2", "--backend", "ring", "--starting-port", str(free_port_pair()),
+               "--python", sys.executable, "--", "-m", "mlx_spec.cli", *args]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=out, stderr=err, text=True)
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            proc.kill()
+            proc.stdin.close()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, proc.returncode, out.read(), err.read())
+
+
+def start_ranks(tmp_path, *argv_of_rank, program=("-m", "mlx_spec.cli")) -> list[subprocess.Popen]:
+    """Each rank's `mlx-spec ARGS` (or `python PROGRAM ARGS`) as its own process, wired as mlx.launch wires them
+    (a hostfile and a rank)."""
+    port = free_port_pair()
+    hostfile = tmp_path / f"hosts-{port}.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{port + r}"] for r in range(len(argv_of_rank))]))
+    return [subprocess.Popen([sys.executable, *program, *argv],
+                             env={**os.environ, "MLX_HOSTFILE": str(hostfile), "MLX_RANK": str(rank)},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
+            for rank, argv in enumerate(argv_of_rank)]
+
+
+def generated(proc: subprocess.CompletedProcess) -> dict:
+    """Rank 0's `generate --json` result (the only line any rank prints on stdout)."""
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    return json.loads(lines[0])
+
+
+def drafter_args(tiny, drafter: str) -> list[str]:
+    extra = ["--draft-model", str(tiny["qwen3_5-draft"])] if drafter == "draft-model" else []
+    return ["--model", str(tiny["qwen3_5"]), "--drafter", drafter, *extra]
+
+
+@pytest.mark.parametrize("mode", ["tensor", "pipeline"])
+@pytest.mark.parametrize("drafter", ["draft-model", "mtp", "ngram"])
+def test_greedy_on_two_ranks_is_plain_decoding_on_one(tiny, mode, drafter):
+    """The tiny Qwen3.5 (Gated DeltaNet and attention layers, an MTP layer) split in two, the adaptive policy
+    choosing draft lengths from rank 0's round times: exactly mlx-lm's plain greedy decoding in one process."""
+    prompt = PROMPT * 2  # n-gram drafts from the first copy (pinned: the policy soon stops on random weights)
+    pinned = ["--num-draft", "3"] if drafter == "ngram" else []
+    proc = mlx_launch("generate", *drafter_args(tiny, drafter), *pinned, "--distributed", mode, "--raw", "--json",
+                      "--max-tokens", "40", "--prompt", prompt)
+    result = generated(proc)
+    tokenizer = mlx_spec.load(str(tiny["qwen3_5"]), drafter="off").tokenizer
+    assert result["tokens"] == plain_greedy(tiny["qwen3_5"], render_prompt(tokenizer, prompt, raw=True), 40)
+    assert result["stats"]["drafted"] > 0, proc.stderr  # it speculated
+
+
+@pytest.mark.parametrize("mode", ["tensor", "pipeline"])
+def test_sampled_on_two_ranks_is_one_process_with_the_same_seed(tiny, mode):
+    proc = mlx_launch("generate", *drafter_args(tiny, "draft-model"), "--num-draft", "3", "--distributed", mode,
+                      "--raw", "--json", "--temp", "1.0", "--seed", "11", "--max-tokens", "40", "--prompt", PROMPT)
+    engine = mlx_spec.load(str(tiny["qwen3_5"]), str(tiny["qwen3_5-draft"]), "draft-model", draft_len=3)
+    alone = engine.generate(PROMPT, SamplingParams(temperature=1.0), max_tokens=40, seed=11)
+    result = generated(proc)
+    assert result["tokens"] == alone.tokens
+    assert result["stats"]["accepted"] == alone.stats.accepted > 0  # the same drafts stood on both
+
+
+def test_tensor_parallel_qwen3_with_a_draft_model_serves_a_client(tiny, tmp_path):
+    """Rank 0 serves (a real client over HTTP), rank 1 follows each request; Ctrl+C ends both."""
+    port = free_port()
+    args = ["serve", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]), "--distributed",
+            "tensor", "--port", str(port), "--api-key", KEY]
+    ranks = start_ranks(tmp_path, args, args)
+    url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+            assert all(rank.poll() is None for rank in ranks), ranks[0].stderr.read() + ranks[1].stderr.read()
+        answers = [httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 16}, headers=headers,
+                              timeout=120).json()["choices"][0]["text"] for prompt in ("def main():", PROMPT)]
+    finally:
+        ranks[0].send_signal(signal.SIGINT)
+        codes = [rank.wait(timeout=60) for rank in ranks]
+    errors = ranks[0].stderr.read() + ranks[1].stderr.read()
+    assert codes == [130, 0], errors  # Ctrl+C ends the leader as every command; it tells the follower to stop
+    assert "one request at a time" in errors
+    engine = mlx_spec.load(str(tiny["qwen3"]), str(tiny["qwen3-draft"]), "draft-model")
+    assert answers == [engine.generate(p, max_tokens=16).text for p in ("def main():", PROMPT)]
+
+
+PIN_AND_STOP_MIDWAY = """
+import json, sys
+import mlx_spec
+from mlx_spec.engine import Done, Round
+engine = mlx_spec.load(sys.argv[1], sys.argv[2], "draft-model", draft_len=3, distributed="tensor")
+if not engine.lockstep.leader:
+    sys.exit(engine.lockstep.follow(engine))
+lengths = []
+for event in engine.stream(sys.argv[3], max_tokens=200):
+    if isinstance(event, Round):
+        lengths.append(event.draft_len)
+        if len(lengths) == 3:
+            engine.pin(1)  # what the server's jobs route does from a request's thread
+        if len(lengths) == 8:
+            engine.stop()
+    if isinstance(event, Done):
+        print(json.dumps({"tokens": event.tokens, "lengths": lengths, "stop_reason": event.stop_reason}))
+engine.lockstep.finish()
+"""
+
+
+def test_a_pin_and_a_stop_midway_reach_every_rank(tiny, tmp_path):
+    """Rank 0's engine pinned and stopped between rounds (as the server does from other threads): the other rank
+    drafts the same lengths and stops at the same round (else their collectives would no longer match), and
+    the tokens are still plain decoding's."""
+    args = [str(tiny["qwen3"]), str(tiny["qwen3-draft"]), PROMPT]
+    ranks = start_ranks(tmp_path, args, args, program=("-c", PIN_AND_STOP_MIDWAY))
+    codes = [rank.wait(timeout=120) for rank in ranks]
+    outputs = [rank.stdout.read() for rank in ranks]
+    assert codes == [0, 0], [rank.stderr.read() for rank in ranks]
+    result = json.loads(outputs[0])
+    # each reaches the other rank with the next round's agreement and acts from the round after it
+    assert result["stop_reason"] == "stopped" and result["lengths"] == [3, 3, 3, 3, 1, 1, 1, 1, 1]
+    tokenizer = mlx_spec.load(str(tiny["qwen3"]), drafter="off").tokenizer
+    reference = plain_greedy(tiny["qwen3"], render_prompt(tokenizer, PROMPT, raw=True), len(result["tokens"]))
+    assert result["tokens"] == reference
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_rank_killed_mid_run_ends_the_other_with_an_error(tiny, tmp_path, victim):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"def f{i}(x):"}) + "\n" for i in range(400)))
+    out = tmp_path / "out.jsonl"
+    args = ["batch", str(prompts), "-o", str(out), "--model", str(tiny["qwen3"]), "--draft-model",
+            str(tiny["qwen3-draft"]), "--distributed", "tensor", "--max-tokens", "100", "--quiet"]
+    ranks = start_ranks(tmp_path, args, args)
+    try:
+        while not out.exists() or out.read_text().count("\n") < 2:  # generating: every rank inside collectives
+            assert all(rank.poll() is None for rank in ranks), ranks[0].stderr.read() + ranks[1].stderr.read()
+            time.sleep(0.1)
+        ranks[victim].kill()
+        killed = time.monotonic()
+        survivor = ranks[1 - victim]
+        code = survivor.wait(timeout=30)
+        assert time.monotonic() - killed < 10
+    finally:
+        for rank in ranks:
+            rank.kill()
+    stderr = survivor.stderr.read()
+    assert code == 2 and "the distributed group broke" in stderr and "Traceback" not in stderr, stderr
+    assert f"rank {1 - victim}:" in stderr
+
+
+def test_ranks_that_compute_different_tokens_stop_with_an_error(tiny, tmp_path):
+    """Rank 1 with other weights (the perturbed copy of the same architecture): its head scores the shared
+    activations differently, its tokens differ, and the round's checksum stops both ranks."""
+    common = ["generate", "--drafter", "ngram", "--distributed", "tensor", "--max-tokens", "40", "--prompt", PROMPT]
+    ranks = start_ranks(tmp_path, [*common, "--model", str(tiny["qwen3"])],
+                        [*common, "--model", str(tiny["qwen3-noisy"])])
+    codes = [rank.wait(timeout=120) for rank in ranks]
+    errors = [rank.stderr.read() for rank in ranks]
+    assert codes == [2, 2], errors
+    for stderr in errors:
+        assert "rank 1 accepted other tokens than rank 0" in stderr and "Traceback" not in stderr, stderr
+
+
+def test_distributed_needs_a_launcher_a_shardable_model_and_no_terminal(tiny):
+    assert_one_line_error(run_cli("generate", "--model", str(tiny["qwen3"]), "--distributed", "tensor", "--prompt",
+                                  "x"), "--distributed tensor", "mlx.launch")
+    assert_one_line_error(run_cli("chat", "--model", str(tiny["qwen3"]), "--distributed", "tensor"),
+                          "mlx-spec serve --distributed tensor", "chat --server")
+    assert_one_line_error(run_cli("bench", "--model", str(tiny["qwen3"]), "--distributed", "tensor"),
+                          "scripts/bench_distributed.py")
+    proc = mlx_launch("generate", "--model", str(tiny["qwen3"]), "--distributed", "pipeline", "--prompt", "x")
+    assert "mlx-spec: error: mlx-lm" in proc.stderr and "cannot split" in proc.stderr, proc.stderr
+    assert "--distributed tensor" in proc.stderr and "Traceback" not in proc.stderr
