@@ -109,6 +109,32 @@ def test_sampled_on_two_ranks_is_one_process_with_the_same_seed(tiny, mode):
     assert result["stats"]["accepted"] == alone.stats.accepted > 0  # the same drafts stood on both
 
 
+@pytest.mark.parametrize("model, extra, mode", [
+    ("qwen3", ["--draft-model", "qwen3-draft", "--tree-width", "2"], "tensor"),
+    ("qwen3", ["--draft-model", "qwen3-draft", "--kv-bits", "8", "--kv-group-size", "32"], "tensor"),
+    ("qwen3", ["--drafter", "lookahead"], "tensor"),
+    ("qwen3", ["--draft-model", "qwen3-medusa"], "tensor"),
+    ("qwen3", ["--draft-model", "qwen3-eagle3"], "tensor"),
+    ("deepseek_v3", ["--drafter", "mtp"], "pipeline"),
+    ("glm4_moe", ["--drafter", "mtp"], "tensor"),
+])
+def test_other_drafters_and_caches_on_two_ranks_are_one_process(tiny, tmp_path, model, extra, mode):
+    """Token trees (a tree mask and per-token positions through the sharded attention), 8-bit KV caches, lookahead,
+    Medusa and EAGLE-3 heads (reading the sharded target's hidden states), DeepSeek-V3 (MLA, MoE) and GLM-4.5
+    nextn layers: rank 0 writes what one process does, and only rank 0 writes."""
+    extra = [str(tiny[a]) if a in tiny else a for a in extra]
+    args = ["generate", "--model", str(tiny[model]), *extra, "--raw", "--json", "--max-tokens", "30", "--prompt",
+            PROMPT]
+    alone = run_cli(*args)
+    assert alone.returncode == 0, alone.stderr
+    ranks = start_ranks(tmp_path, [*args, "--distributed", mode], [*args, "--distributed", mode])
+    outputs = [rank.communicate(timeout=120) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    result = json.loads(outputs[0][0])
+    assert result["tokens"] == json.loads(alone.stdout)["tokens"] and result["stats"]["drafted"] > 0
+    assert outputs[1][0] == ""
+
+
 def test_tensor_parallel_qwen3_with_a_draft_model_serves_a_client(tiny, tmp_path):
     """Rank 0 serves (a real client over HTTP), rank 1 follows each request; Ctrl+C ends both."""
     port = free_port()
