@@ -59,16 +59,28 @@ def mlx_launch(*args, timeout: int = 240) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(command, proc.returncode, out.read(), err.read())
 
 
+STARTED: list[subprocess.Popen] = []  # every rank a test started, killed after it if still running
+
+
+@pytest.fixture(autouse=True)
+def no_rank_left_behind():
+    yield
+    while STARTED:
+        STARTED.pop().kill()
+
+
 def start_ranks(tmp_path, *argv_of_rank, program=("-m", "mlx_spec.cli")) -> list[subprocess.Popen]:
     """Each rank's `mlx-spec ARGS` (or `python PROGRAM ARGS`) as its own process, wired as mlx.launch wires them
     (a hostfile and a rank)."""
     port = free_port_pair()
     hostfile = tmp_path / f"hosts-{port}.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{port + r}"] for r in range(len(argv_of_rank))]))
-    return [subprocess.Popen([sys.executable, *program, *argv],
-                             env={**os.environ, "MLX_HOSTFILE": str(hostfile), "MLX_RANK": str(rank)},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
-            for rank, argv in enumerate(argv_of_rank)]
+    ranks = [subprocess.Popen([sys.executable, *program, *argv],
+                              env={**os.environ, "MLX_HOSTFILE": str(hostfile), "MLX_RANK": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
+             for rank, argv in enumerate(argv_of_rank)]
+    STARTED.extend(ranks)
+    return ranks
 
 
 def generated(proc: subprocess.CompletedProcess) -> dict:
@@ -208,18 +220,14 @@ def test_a_rank_killed_mid_run_ends_the_other_with_an_error(tiny, tmp_path, vict
     args = ["batch", str(prompts), "-o", str(out), "--model", str(tiny["qwen3"]), "--draft-model",
             str(tiny["qwen3-draft"]), "--distributed", "tensor", "--max-tokens", "100", "--quiet"]
     ranks = start_ranks(tmp_path, args, args)
-    try:
-        while not out.exists() or out.read_text().count("\n") < 2:  # generating: every rank inside collectives
-            assert all(rank.poll() is None for rank in ranks), ranks[0].stderr.read() + ranks[1].stderr.read()
-            time.sleep(0.1)
-        ranks[victim].kill()
-        killed = time.monotonic()
-        survivor = ranks[1 - victim]
-        code = survivor.wait(timeout=30)
-        assert time.monotonic() - killed < 10
-    finally:
-        for rank in ranks:
-            rank.kill()
+    while not out.exists() or out.read_text().count("\n") < 2:  # generating: every rank inside collectives
+        assert all(rank.poll() is None for rank in ranks), ranks[0].stderr.read() + ranks[1].stderr.read()
+        time.sleep(0.1)
+    ranks[victim].kill()
+    killed = time.monotonic()
+    survivor = ranks[1 - victim]
+    code = survivor.wait(timeout=30)
+    assert time.monotonic() - killed < 10
     stderr = survivor.stderr.read()
     assert code == 2 and "the distributed group broke" in stderr and "Traceback" not in stderr, stderr
     assert f"rank {1 - victim}:" in stderr
