@@ -118,7 +118,7 @@ def _layer_at_or_past(key: str, depth: int) -> bool:
 
 
 def split_model(model, mode: str, group, name: str) -> None:
-    """Shard a lazily loaded mlx-lm model across `group` before its weights are read: "tensor" through its
+    """Shard a lazily loaded mlx-lm model across `group` before its weights are evaluated: "tensor" through its
     `Model.shard(group)`, "pipeline" through the `pipeline(group)` of its inner model (mlx-lm's PipelineMixin, at
     `model.model`, or `model.language_model.model` in a multimodal wrapper)."""
     import mlx_lm

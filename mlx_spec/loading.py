@@ -105,7 +105,7 @@ def read_config(path: Path) -> dict:
 
 def load_checkpoint(path: Path, what: str, split=None):
     """(model, tokenizer, config) from a checkpoint directory, with one-line errors for broken ones. `split(model)`
-    shards the model before its weights are read (each rank reads its own slice)."""
+    shards the model before its weights are evaluated (each rank keeps its own slice)."""
     from mlx_lm.utils import load_model, load_tokenizer
 
     read_config(path)
