@@ -73,8 +73,8 @@ class Generation:
 class Lockstep:
     """The ranks of one sharded engine (and its siblings) acting as one; see the module docstring."""
 
-    def __init__(self, group: mx.distributed.Group, mode: str):
-        self.group, self.mode = group, mode
+    def __init__(self, group: mx.distributed.Group):
+        self.group = group
         self.rank, self.size = group.rank(), group.size()
         self.engines: list = []  # the leader's engines, by the index generations name them with
         self.running = False  # a generation is under way: its collectives must finish before any other

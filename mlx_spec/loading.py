@@ -187,7 +187,7 @@ def load_target(model: str | None, draft_model: str | None = None, distributed: 
     split = (lambda m: compat.split_model(m, distributed, group, target_path.name)) if group else None
     target_model, tokenizer, config = load_checkpoint(target_path, "target model", split)
     return LoadedTarget(target_path, target_model, tokenizer, config, entry, default_draft,
-                        Lockstep(group, distributed) if group else None)
+                        Lockstep(group) if group else None)
 
 
 MAX_TREE_WIDTH = 8

@@ -67,7 +67,6 @@ class DraftsFromRank0:
 
     def __init__(self, drafter, lockstep):
         self.drafter, self.lockstep, self.name = drafter, lockstep, drafter.name
-        self.max_draft_len = getattr(drafter, "max_draft_len", None)
 
     def begin(self, context, prompt_step):
         if self.lockstep.leader:

@@ -5,6 +5,7 @@ weights), each running the real CLI."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,8 +32,6 @@ def free_port_pair() -> int:
 
 
 def _taken(port: int) -> bool:
-    import socket
-
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -220,8 +219,10 @@ def test_a_rank_killed_mid_run_ends_the_other_with_an_error(tiny, tmp_path, vict
     args = ["batch", str(prompts), "-o", str(out), "--model", str(tiny["qwen3"]), "--draft-model",
             str(tiny["qwen3-draft"]), "--distributed", "tensor", "--max-tokens", "100", "--quiet"]
     ranks = start_ranks(tmp_path, args, args)
+    deadline = time.monotonic() + 300
     while not out.exists() or out.read_text().count("\n") < 2:  # generating: every rank inside collectives
         assert all(rank.poll() is None for rank in ranks), ranks[0].stderr.read() + ranks[1].stderr.read()
+        assert time.monotonic() < deadline, "the batch wrote no results"
         time.sleep(0.1)
     ranks[victim].kill()
     killed = time.monotonic()
