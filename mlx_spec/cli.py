@@ -212,8 +212,8 @@ def train_mtp(args) -> int:
     if args.max_hours is not None and args.max_hours <= 0:
         raise SpecError(f"--max-hours must be > 0, got {args.max_hours}")
     out = train(args.model, args.data, args.out, args.steps, args.batch_tokens, args.lr, args.max_hours,
-                args.vocab_top, args.seq_len, args.eval_every, args.checkpoint_every, args.seed,
-                progress=lambda line: print(line, file=sys.stderr, flush=True))
+                args.vocab_top, args.seq_len, args.eval_every, args.checkpoint_every, args.seed, args.draft_steps,
+                args.reuse, args.layer_lr, not args.quiet)
     print(f"wrote the MTP head to {out}: draft with it by --draft-model {out}", file=sys.stderr)
     return 0
 
@@ -393,8 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--data", required=True, nargs="+", help="text files or folders of them to train on")
     trn.add_argument("--out", required=True, help="the head's directory (must not exist; then --draft-model OUT)")
     trn.add_argument("--steps", type=int, default=2000)
-    trn.add_argument("--batch-tokens", type=int, default=2048, help="tokens per step")
-    trn.add_argument("--lr", type=float, default=1e-3)
+    trn.add_argument("--batch-tokens", type=int, default=512, help="tokens per step (default 512)")
+    trn.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate (default 3e-3)")
+    trn.add_argument("--layer-lr", type=float, default=0.1,
+                     help="the copied decoder layer's learning rate, a fraction of --lr (default 0.1; 0 freezes it)")
     trn.add_argument("--max-hours", type=float, help="stop after this long and write the head trained so far")
     trn.add_argument("--vocab-top", type=int, default=32768,
                      help="the head's vocabulary: the N tokens the data uses most (default 32768; 0: all)")
@@ -402,6 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--eval-every", type=int, default=200, help="steps between held-out acceptance reports")
     trn.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (resume: rerun)")
     trn.add_argument("--seed", type=int, default=0)
+    trn.add_argument("--quiet", action="store_true", help="no progress bar (the held-out reports still print)")
+    trn.add_argument("--draft-steps", type=int, default=1,
+                     help="chained drafts trained, each fed the head's own output as drafting does (default 1)")
+    trn.add_argument("--reuse", type=int, default=2, help="updates per batch the target runs, the extra ones on "
+                     "recent batches kept in memory (default 2)")
     trn.set_defaults(run=train_mtp)
 
     conv = commands.add_parser("convert", help="convert a Hugging Face checkpoint (keeping its MTP layer) or a GGUF "

@@ -195,8 +195,10 @@ def _positioned_rope_call(self, x, offset=0):
     base = type(self).__bases__[0].__call__
     if _positions[0] is None:
         return base(self, x, offset)
-    # (1, heads, n, dims) -> one batch row per token: mx.fast.rope takes an offset per batch row
-    return base(self, x.swapaxes(0, 2), _positions[0]).swapaxes(0, 2)
+    # (batch, heads, n, dims) -> one row per token, of length 1: mx.fast.rope takes an offset per leading row
+    batch, heads, n, dims = x.shape
+    rows = x.transpose(2, 0, 1, 3).reshape(n, batch * heads, 1, dims)
+    return base(self, rows, _positions[0]).reshape(n, batch, heads, dims).transpose(1, 2, 0, 3)
 
 
 def positioned_ropes(model) -> int:

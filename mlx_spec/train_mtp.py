@@ -4,17 +4,22 @@ Self-distillation on the frozen target: text is cut into sequences; the target r
 post-norm hidden states and its distribution over the head's vocabulary; row t of the head pairs embed(t_{t+1})
 with the hidden state at t and learns the target's distribution at t + 2 (soft cross-entropy, so any text
 works: no labels, and the head learns what the target would say, which is what acceptance measures). The head's
-vocabulary is the `vocab_top` tokens the training text uses most. Held-out first-draft acceptance (the head's
-greedy choice against the target's) is printed every `eval_every` steps; a checkpoint every `checkpoint_every`
-steps lets a killed run resume with the same result as an unbroken one (the batches follow from the step
-number); `max_hours` stops cleanly and writes the head trained so far.
+vocabulary is the `vocab_top` tokens the training text uses most. `draft_steps` > 1 also trains chained drafts:
+step j feeds the head its own output with the next token and sees what drafting lets it see (the training-time
+test: one tree forward over the head's own cache). `reuse` > 1 makes more updates per target forward (the
+target costs about twice the head on a CPU), on recent batches kept in memory. Held-out acceptance per draft
+position (the head's greedy choice against the target's) is printed every `eval_every` steps; a checkpoint every
+`checkpoint_every` steps lets a killed run resume with the same result as an unbroken one (the batches follow
+from the step number; kept batches are recomputed); `max_hours` stops cleanly and writes the head trained so far.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +29,8 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from .caches import TreeKVCache, tree_forward
+from .compat import positioned_ropes
 from .errors import SpecError
 from .files import check_writable
 from .models.mtp_head import MTPHead, check_trainable, head_config, save_head
@@ -31,6 +38,7 @@ from .models.mtp_head import MTPHead, check_trainable, head_config, save_head
 TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst", ".json", ".toml", ".c", ".h", ".js", ".ts", ".rs", ".go", ".java")
 CHECKPOINT = ".train-mtp-checkpoint"
 EVAL_ROWS = 16  # held-out sequences evaluated
+REPLAY = 8  # batches of target features kept in memory for --reuse
 
 
 def text_files(data: list[str]) -> list[Path]:
@@ -67,8 +75,10 @@ def sequences(tokenizer, files: list[Path], seq_len: int) -> np.ndarray:
 
 class Trainer:
     def __init__(self, target, config: dict, rows: np.ndarray, vocab_top: int | None, batch_tokens: int, lr: float,
-                 seed: int):
-        """rows: (n >= 2, seq_len + 1) token ids, the last twentieth (at least one) held out."""
+                 seed: int, draft_steps: int = 1, reuse: int = 1, layer_lr: float = 0.1):
+        """rows: (n >= 2, seq_len + 1) token ids, the last twentieth (at least one) held out. draft_steps: how
+        many chained drafts are trained (each feeding the head its own output, as drafting does); reuse: updates
+        per batch the target runs (the extra ones on batches drawn from the last REPLAY, kept in memory)."""
         self.target, self.config, seq_len = target, config, rows.shape[1] - 1
         held = max(1, len(rows) // 20)
         self.train_rows, self.held_rows = rows[:-held], rows[-held:]
@@ -76,17 +86,24 @@ class Trainer:
         top = min(vocab_top or config["vocab_size"], config["vocab_size"])
         ids = np.sort(np.argsort(-counts, kind="stable")[:top]).astype(np.int32)
         self.head = MTPHead(target, mx.array(ids), config.get("rms_norm_eps", 1e-6))
-        h = self.head.eh_proj.weight.shape[0]  # start as "the target's last layer once more": x = hnorm(hidden)
-        self.head.eh_proj.weight = mx.concatenate([mx.zeros((h, h)), mx.eye(h)], axis=1)
+        h = self.head.eh_proj.weight.shape[0]  # start from x = (enorm(embedding) + hnorm(hidden)) / 2
+        self.head.eh_proj.weight = mx.concatenate([mx.eye(h), mx.eye(h)], axis=1) / 2
         self.head.lm_head.weight = output_weight(target)[mx.array(ids)]
         self.target_head = output_weight(target)[mx.array(ids)]  # the target's rows over the head's vocabulary
-        self.batch = max(1, batch_tokens // seq_len)
-        self.seed, self.step = seed, 0
-        self.run = {"vocab_top": int(ids.size), "seq_len": seq_len,
-                    "batch": self.batch, "lr": lr, "seed": seed, "data_tokens": int(rows.size)}
-        self.optimizer = optim.Adam(learning_rate=lr)
-        self.loss_and_grad = nn.value_and_grad(self.head, self.loss)
+        if draft_steps > 1 and not positioned_ropes(self.head):
+            raise SpecError(f"--draft-steps {draft_steps} needs rotary position embeddings in the target's layers")
+        self.batch, self.draft_steps, self.reuse = max(1, batch_tokens // seq_len), draft_steps, reuse
+        self.seed, self.step, self.recent = seed, 0, []
+        self.run = {"vocab_top": int(ids.size), "seq_len": seq_len, "batch": self.batch, "lr": lr, "seed": seed,
+                    "data_tokens": int(rows.size), "draft_steps": draft_steps, "reuse": reuse,
+                    "layer_lr": layer_lr}
         self.target.freeze()
+        self.head.layers[0].unfreeze()  # a copy of a target layer: frozen when the target is
+        if layer_lr == 0:
+            self.head.layers[0].freeze()
+        self.optimizer = optim.MultiOptimizer([optim.Adam(learning_rate=lr * layer_lr), optim.Adam(learning_rate=lr)],
+                                              [lambda path, _: path.startswith("layers.")])
+        self.loss_and_grad = nn.value_and_grad(self.head, self.loss)
 
     def batch_rows(self, step: int) -> np.ndarray:
         """The batch of `step`: a fixed shuffle per pass over the data, so a resumed run sees the same batches."""
@@ -98,33 +115,68 @@ class Trainer:
 
     def features(self, rows: np.ndarray):
         tokens = mx.array(rows)
-        hidden = self.target.model(tokens)  # post-norm
-        return tokens, mx.stop_gradient(hidden)
+        hidden = mx.stop_gradient(self.target.model(tokens))  # post-norm
+        mx.eval(hidden)
+        return tokens, hidden
+
+    def unroll(self, head, tokens, hidden) -> list[mx.array]:
+        """The head's outputs for draft steps 1..draft_steps at rows p = 0..n-1: step 1 pairs embed(x[p+1]) with
+        the target's hidden[p]; step j pairs embed(x[p+j]) with step j-1's output and sees, as when drafting,
+        the step-1 rows up to p and its own chain (placed at position p + j - 1). Step j predicts position p + j."""
+        n, steps = tokens.shape[1] - 1 - self.draft_steps, self.draft_steps
+        embed = self.target.model.embed_tokens
+        caches = [TreeKVCache()] if steps > 1 else None
+        outs = [head(embed(tokens[:, 1:n + 1]), hidden[:, :n], caches)]
+        for j in range(2, steps + 1):
+            attend = np.zeros((n, j * n), dtype=bool)
+            attend[:, :n] = np.tri(n, dtype=bool)
+            for block in range(1, j):
+                attend[np.arange(n), block * n + np.arange(n)] = True
+            with tree_forward(caches, attend, list(range(j - 1, n + j - 1))):
+                outs.append(head(embed(tokens[:, j:n + j]), outs[-1], caches))
+        return outs
 
     def loss(self, head, tokens, hidden):
-        target = mx.softmax(hidden[:, 1:-1] @ self.target_head.T, axis=-1)  # the target's distribution at t + 2
-        out = head(self.target.model.embed_tokens(tokens[:, 1:-1]), hidden[:, :-2])
-        return -(target * nn.log_softmax(head.reduced_logits(out), axis=-1)).sum(-1).mean()
+        """Soft cross-entropy against the target's own distribution at each step's position, averaged over steps."""
+        n, total = tokens.shape[1] - 1 - self.draft_steps, 0.0
+        for j, out in enumerate(self.unroll(head, tokens, hidden), 1):
+            target = mx.softmax(hidden[:, j:n + j] @ self.target_head.T, axis=-1)
+            total = total - (target * nn.log_softmax(head.reduced_logits(out), axis=-1)).sum(-1).mean()
+        return total / self.draft_steps
 
-    def train_step(self) -> float:
-        tokens, hidden = self.features(self.batch_rows(self.step))
+    def update(self, tokens, hidden) -> mx.array:
         loss, grads = self.loss_and_grad(self.head, tokens, hidden)
         self.optimizer.update(self.head, grads)
         mx.eval(self.head.parameters(), self.optimizer.state, loss)
+        return loss
+
+    def train_step(self) -> float:
+        """One batch through the target, trained on, kept; then reuse - 1 updates on kept batches."""
+        fresh = self.features(self.batch_rows(self.step))
+        if self.reuse > 1:
+            self.recent = [*self.recent, fresh][-REPLAY:]
+        loss = self.update(*fresh)
+        for pick in np.random.default_rng([self.seed, self.step]).integers(0, len(self.recent), self.reuse - 1):
+            self.update(*self.recent[pick])
         self.step += 1
         return loss.item()
 
-    def evaluate(self) -> float:
-        """Held-out first-draft acceptance: how often the head's greedy choice is the target's greedy token."""
-        hits = total = 0
+    def evaluate(self) -> list[float]:
+        """Held-out acceptance per draft position: how often draft j (the head's greedy choice) is the target's
+        greedy token, among the rows where drafts 1..j-1 were accepted and the text is what drafting would have
+        fed the head (the text's token is the target's choice). [0] is first-draft acceptance."""
+        hits, seen = np.zeros(self.draft_steps), np.zeros(self.draft_steps)
         for row in self.held_rows[:EVAL_ROWS]:  # one at a time: the target's full logits are large
             tokens, hidden = self.features(row[None])
-            wanted = mx.argmax(hidden[:, 1:-1] @ output_weight(self.target).T, -1)
-            out = self.head(self.target.model.embed_tokens(tokens[:, 1:-1]), hidden[:, :-2])
-            guess = self.head.ids[mx.argmax(self.head.reduced_logits(out), -1)]
-            hits += (guess == wanted).sum().item()
-            total += wanted.size
-        return hits / total
+            n = tokens.shape[1] - 1 - self.draft_steps
+            chain = np.ones(n, dtype=bool)
+            for j, out in enumerate(self.unroll(self.head, tokens, hidden), 1):
+                wanted = np.array(mx.argmax(hidden[0, j:n + j] @ output_weight(self.target).T, -1))
+                guess = np.array(self.head.ids[mx.argmax(self.head.reduced_logits(out[0]), -1)])
+                hits[j - 1] += (chain & (guess == wanted)).sum()
+                seen[j - 1] += chain.sum()
+                chain &= (guess == wanted) & (wanted == row[j + 1:n + j + 1])
+        return [float(h / s) if s else 0.0 for h, s in zip(hits, seen)]
 
     def save_checkpoint(self, folder: Path) -> None:
         """Head, optimizer and step, written so that a kill at any moment leaves the last complete one."""
@@ -141,6 +193,7 @@ class Trainer:
                 old.unlink()
 
     def load_checkpoint(self, folder: Path) -> bool:
+        """Resume from `folder`; the kept batches are run through the target again (they are not saved)."""
         if not (folder / "step.json").exists():
             return False
         saved = json.loads((folder / "step.json").read_text())
@@ -152,6 +205,8 @@ class Trainer:
         self.optimizer.state = tree_unflatten([(k[len("optimizer."):], v) for k, v in state.items()
                                                if k.startswith("optimizer.")])
         self.step = saved["step"]
+        if self.reuse > 1:
+            self.recent = [self.features(self.batch_rows(s)) for s in range(max(0, self.step - REPLAY), self.step)]
         return True
 
 
@@ -160,10 +215,14 @@ def output_weight(target) -> mx.array:
     return head.weight if head is not None else target.model.embed_tokens.weight
 
 
-def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens: int = 2048, lr: float = 1e-3,
+def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens: int = 512, lr: float = 3e-3,
           max_hours: float | None = None, vocab_top: int | None = 32768, seq_len: int = 256, eval_every: int = 200,
-          checkpoint_every: int = 100, seed: int = 0, progress=print) -> Path:
-    """Train and write the head to `out`; resumes from the checkpoint a killed run with the same `out` left."""
+          checkpoint_every: int = 100, seed: int = 0, draft_steps: int = 1, reuse: int = 2, layer_lr: float = 0.1,
+          progress: bool = True) -> Path:
+    """Train and write the head to `out`; resumes from the checkpoint a killed run with the same `out` left.
+    Reports go to stderr, under a progress bar unless `progress` is False."""
+    from tqdm import tqdm
+
     from .loading import load_target
 
     out_dir = Path(out).expanduser()
@@ -174,11 +233,14 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
     for name, value, least in (("--steps", steps, 1), ("--seq-len", seq_len, 2),
                                ("--batch-tokens", batch_tokens, seq_len),
                                ("--vocab-top", 1 if vocab_top is None else vocab_top, 0),
-                               ("--eval-every", eval_every, 1), ("--checkpoint-every", checkpoint_every, 1)):
+                               ("--eval-every", eval_every, 1), ("--checkpoint-every", checkpoint_every, 1),
+                               ("--draft-steps", draft_steps, 1), ("--reuse", reuse, 1)):
         if value < least:
             raise SpecError(f"{name} must be >= {least}, got {value}")
     if not lr > 0:
         raise SpecError(f"--lr must be > 0, got {lr}")
+    if not 0 <= layer_lr <= 1:
+        raise SpecError(f"--layer-lr must be from 0 (frozen) to 1, got {layer_lr}")
     loaded = load_target(model)
     check_trainable(loaded.config, loaded.path)
     mx.random.seed(seed)
@@ -186,28 +248,39 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
     if len(rows) < 2:
         raise SpecError(f"--data holds {len(rows)} stretch(es) of {seq_len + 1} tokens: train-mtp needs at least two "
                         "(more text, or a shorter --seq-len)")
-    trainer = Trainer(loaded.model, loaded.config, rows, vocab_top, batch_tokens, lr, seed)
+    if seq_len <= draft_steps:
+        raise SpecError(f"--seq-len must be more than --draft-steps ({draft_steps}), got {seq_len}")
+    trainer = Trainer(loaded.model, loaded.config, rows, vocab_top, batch_tokens, lr, seed, draft_steps, reuse,
+                      layer_lr)
+    say = functools.partial(tqdm.write, file=sys.stderr)
     if trainer.load_checkpoint(checkpoint):
-        progress(f"resuming from step {trainer.step} ({checkpoint})")
+        say(f"resuming from step {trainer.step} ({checkpoint})")
     start, per_step = time.perf_counter(), trainer.batch * seq_len
     deadline = start + 3600 * max_hours if max_hours else None
     first, acceptance = trainer.step, None
+    bar = tqdm(total=steps, initial=trainer.step, unit="step", dynamic_ncols=True, mininterval=1, disable=not progress,
+               desc="train-mtp" + (f" (stops by {time.strftime('%H:%M', time.localtime(time.time() + deadline - start))})"
+                                   if deadline else ""))
     while trainer.step < steps:
         loss, acceptance = trainer.train_step(), None
         rate = (trainer.step - first) * per_step / (time.perf_counter() - start)
+        bar.set_postfix_str(f"loss {loss:.3f}, {rate:.0f} target tokens/s", refresh=False)
+        bar.update()
         if trainer.step % eval_every == 0 or trainer.step == steps:
             acceptance = trainer.evaluate()
-            progress(f"step {trainer.step}/{steps}: loss {loss:.3f}, held-out first-draft acceptance "
-                     f"{acceptance:.1%}, {rate:.0f} tokens/s, "
-                     f"{(steps - trainer.step) * per_step / rate / 60:.0f} min to go")
+            later = f" (per draft position: {' '.join(f'{a:.0%}' for a in acceptance)})" if draft_steps > 1 else ""
+            say(f"step {trainer.step}/{steps}: loss {loss:.3f}, held-out first-draft acceptance "
+                f"{acceptance[0]:.1%}{later}, {rate:.0f} target tokens/s")
         if trainer.step % checkpoint_every == 0 and trainer.step < steps:
             trainer.save_checkpoint(checkpoint)
         if deadline and time.perf_counter() > deadline:
-            progress(f"--max-hours reached at step {trainer.step}: writing the head trained so far")
+            say(f"--max-hours reached at step {trainer.step}: writing the head trained so far")
             break
+    bar.close()
+    acceptance = trainer.evaluate() if acceptance is None else acceptance
     record = {"steps": trainer.step, "seq_len": seq_len, "batch_tokens": trainer.batch * seq_len, "lr": lr,
-              "held_out_first_draft_acceptance": trainer.evaluate() if acceptance is None else acceptance,
-              "data_tokens": int(trainer.train_rows.size)}
+              "draft_steps": draft_steps, "reuse": reuse, "layer_lr": layer_lr, "held_out_first_draft_acceptance": acceptance[0],
+              "held_out_acceptance_per_position": acceptance, "data_tokens": int(trainer.train_rows.size)}
     from .convert import staging
 
     with staging(out_dir, "writing the MTP head") as work:

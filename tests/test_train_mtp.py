@@ -10,25 +10,53 @@ import time
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from helpers import assert_one_line_error, default_ctrl_c, plain_greedy, run_cli
 from safetensors.numpy import load_file
 from tiny import HEAD_TEXTS, corpus_text
 from tiny_heads import greedy_continuations
 
 import mlx_spec
+from mlx_spec.caches import make_caches
 from mlx_spec.loading import load_target
 from mlx_spec.train_mtp import Trainer
 
 
-def test_the_training_step_lowers_the_loss(tiny):
+@pytest.mark.parametrize("draft_steps,reuse,layer_lr", [(1, 1, 0.1), (2, 3, 0.0)])
+def test_the_training_step_lowers_the_loss(tiny, draft_steps, reuse, layer_lr):
     target = load_target(str(tiny["qwen3"]))
     sequences = greedy_continuations(target.model, target.tokenizer, HEAD_TEXTS[:2], tokens=40)
     length = min(map(len, sequences))
     rows = np.array([s[:length] for s in sequences], dtype=np.int32)
-    trainer = Trainer(target.model, target.config, rows, 128, length - 1, 3e-3, seed=0)
+    trainer = Trainer(target.model, target.config, rows, 128, length - 1, 3e-3, seed=0, draft_steps=draft_steps,
+                      reuse=reuse, layer_lr=layer_lr)
     losses = [trainer.train_step() for _ in range(12)]
     assert losses[-1] < 0.5 * losses[0], losses
-    assert trainer.head.ids.shape == (128,)
+    assert trainer.head.ids.shape == (128,) and len(trainer.evaluate()) == draft_steps
+    copied = dict(tree_flatten(target.model.model.layers[-1].parameters()))
+    changed = [name for name, value in tree_flatten(trainer.head.layers[0].parameters())
+               if not mx.array_equal(value, copied[name])]
+    assert (changed == []) == (layer_lr == 0), changed
+
+
+def test_training_unrolls_the_drafts_as_drafting_runs_them(tiny):
+    """The outputs of chained draft steps 1..3 that the loss sees, for every row at once, equal those of the head
+    run as the drafter runs it: step-1 rows up to p in its cache, then one token at a time from its own output."""
+    target = load_target(str(tiny["qwen3"]))
+    sequences = greedy_continuations(target.model, target.tokenizer, HEAD_TEXTS[:2], tokens=24)
+    rows = np.array([s[:min(map(len, sequences))] for s in sequences], dtype=np.int32)
+    trainer = Trainer(target.model, target.config, rows, 128, rows.shape[1] - 1, 3e-3, seed=0, draft_steps=3)
+    for _ in range(3):  # away from the starting weights
+        trainer.train_step()
+    tokens, hidden = trainer.features(rows[:1])
+    outs = [np.array(out[0]) for out in trainer.unroll(trainer.head, tokens, hidden)]
+    embed = target.model.model.embed_tokens
+    for p in (0, 7, outs[0].shape[0] - 1):
+        caches = make_caches(trainer.head, 8)
+        out = trainer.head(embed(tokens[:, 1:p + 2]), hidden[:, :p + 1], caches)[:, -1:]
+        for j in range(3):
+            np.testing.assert_allclose(np.array(out[0, 0]), outs[j][p], atol=2e-4, err_msg=f"step {j + 1}, row {p}")
+            out = trainer.head(embed(tokens[:, p + j + 2:p + j + 3]), out, caches)
 
 
 def test_a_trained_head_drafts_exactly_and_well(tiny):
@@ -54,7 +82,7 @@ def test_a_trained_head_drafts_exactly_and_well(tiny):
 def train_command(tiny, data, out, *extra):
     return [sys.executable, "-m", "mlx_spec.cli", "train-mtp", "--model", str(tiny["qwen3"]), "--data", str(data),
             "--out", str(out), "--seq-len", "32", "--batch-tokens", "1024", "--vocab-top", "128", "--eval-every", "20",
-            "--checkpoint-every", "3", *extra]
+            "--checkpoint-every", "3", "--draft-steps", "2", "--reuse", "2", *extra]
 
 
 @pytest.fixture
@@ -68,6 +96,7 @@ def corpus(tmp_path):
 
 
 def test_train_mtp_on_text_and_resume_after_a_kill(tiny, tmp_path, corpus):
+    """With two chained draft steps and each batch reused twice (the kept batches rebuilt after the kill)."""
     unbroken = subprocess.run(train_command(tiny, corpus, tmp_path / "unbroken", "--steps", "60"),
                               capture_output=True, text=True, timeout=300)
     assert unbroken.returncode == 0, unbroken.stderr
@@ -107,6 +136,9 @@ def test_train_mtp_refusals(tiny, tmp_path, corpus):
     short = train_command(tiny, corpus, tmp_path / "c")[3:]
     short[short.index("--seq-len") + 1] = "1"
     assert_one_line_error(run_cli(*short), "--seq-len must be >= 2")
+    steps = train_command(tiny, corpus, tmp_path / "d")[3:]
+    steps[steps.index("--draft-steps") + 1] = "0"
+    assert_one_line_error(run_cli(*steps), "--draft-steps must be >= 1")
     exists = tmp_path / "exists"
     exists.mkdir()
     assert_one_line_error(run_cli(*train_command(tiny, corpus, exists)[3:]), "already exists")

@@ -192,7 +192,8 @@ def build_mtp_head(out_dir: str | Path, target_dir: str | Path, texts: list[str]
     sequences = greedy_continuations(target.model, target.tokenizer, texts, tokens=120)
     length = min(map(len, sequences))
     rows = np.array([s[:length] for s in sequences] + [sequences[0][:length]], dtype=np.int32)  # held out: a copy
-    trainer = Trainer(target.model, target.config, rows, vocab_top, len(texts) * (length - 1), 3e-3, seed=0)
+    trainer = Trainer(target.model, target.config, rows, vocab_top, len(texts) * (length - 1), 3e-3, seed=0,
+                      layer_lr=1)  # a random target: its layer holds nothing worth keeping
     for _ in range(steps):
         trainer.train_step()
     save_head(trainer.head, head_config(target.config, vocab_top, {"steps": steps}), Path(out_dir))
