@@ -139,6 +139,8 @@ def test_train_mtp_refusals(tiny, tmp_path, corpus):
     steps = train_command(tiny, corpus, tmp_path / "d")[3:]
     steps[steps.index("--draft-steps") + 1] = "0"
     assert_one_line_error(run_cli(*steps), "--draft-steps must be >= 1")
+    assert_one_line_error(run_cli(*train_command(tiny, corpus, tmp_path / "e", "--layer-lr", "2")[3:]),
+                          "--layer-lr must be from 0 (frozen) to 1")
     exists = tmp_path / "exists"
     exists.mkdir()
     assert_one_line_error(run_cli(*train_command(tiny, corpus, exists)[3:]), "already exists")
