@@ -119,11 +119,15 @@ class Trainer:
         mx.eval(hidden)
         return tokens, hidden
 
+    def rows(self, tokens) -> int:
+        """The head's rows per sequence: every step of the chain has its target position in the sequence."""
+        return tokens.shape[1] - 1 - self.draft_steps
+
     def unroll(self, head, tokens, hidden) -> list[mx.array]:
         """The head's outputs for draft steps 1..draft_steps at rows p = 0..n-1: step 1 pairs embed(x[p+1]) with
         the target's hidden[p]; step j pairs embed(x[p+j]) with step j-1's output and sees, as when drafting,
         the step-1 rows up to p and its own chain (placed at position p + j - 1). Step j predicts position p + j."""
-        n, steps = tokens.shape[1] - 1 - self.draft_steps, self.draft_steps
+        n, steps = self.rows(tokens), self.draft_steps
         embed = self.target.model.embed_tokens
         caches = [TreeKVCache()] if steps > 1 else None
         outs = [head(embed(tokens[:, 1:n + 1]), hidden[:, :n], caches)]
@@ -138,7 +142,7 @@ class Trainer:
 
     def loss(self, head, tokens, hidden):
         """Soft cross-entropy against the target's own distribution at each step's position, averaged over steps."""
-        n, total = tokens.shape[1] - 1 - self.draft_steps, 0.0
+        n, total = self.rows(tokens), 0.0
         for j, out in enumerate(self.unroll(head, tokens, hidden), 1):
             target = mx.softmax(hidden[:, j:n + j] @ self.target_head.T, axis=-1)
             total = total - (target * nn.log_softmax(head.reduced_logits(out), axis=-1)).sum(-1).mean()
@@ -153,11 +157,11 @@ class Trainer:
     def train_step(self) -> float:
         """One batch through the target, trained on, kept; then reuse - 1 updates on kept batches."""
         fresh = self.features(self.batch_rows(self.step))
+        loss = self.update(*fresh)
         if self.reuse > 1:
             self.recent = [*self.recent, fresh][-REPLAY:]
-        loss = self.update(*fresh)
-        for pick in np.random.default_rng([self.seed, self.step]).integers(0, len(self.recent), self.reuse - 1):
-            self.update(*self.recent[pick])
+            for pick in np.random.default_rng([self.seed, self.step]).integers(0, len(self.recent), self.reuse - 1):
+                self.update(*self.recent[pick])
         self.step += 1
         return loss.item()
 
@@ -168,7 +172,7 @@ class Trainer:
         hits, seen = np.zeros(self.draft_steps), np.zeros(self.draft_steps)
         for row in self.held_rows[:EVAL_ROWS]:  # one at a time: the target's full logits are large
             tokens, hidden = self.features(row[None])
-            n = tokens.shape[1] - 1 - self.draft_steps
+            n = self.rows(tokens)
             chain = np.ones(n, dtype=bool)
             for j, out in enumerate(self.unroll(self.head, tokens, hidden), 1):
                 wanted = np.array(mx.argmax(hidden[0, j:n + j] @ output_weight(self.target).T, -1))
@@ -237,6 +241,8 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
                                ("--draft-steps", draft_steps, 1), ("--reuse", reuse, 1)):
         if value < least:
             raise SpecError(f"{name} must be >= {least}, got {value}")
+    if seq_len <= draft_steps:
+        raise SpecError(f"--seq-len must be more than --draft-steps ({draft_steps}), got {seq_len}")
     if not lr > 0:
         raise SpecError(f"--lr must be > 0, got {lr}")
     if not 0 <= layer_lr <= 1:
@@ -248,8 +254,6 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
     if len(rows) < 2:
         raise SpecError(f"--data holds {len(rows)} stretch(es) of {seq_len + 1} tokens: train-mtp needs at least two "
                         "(more text, or a shorter --seq-len)")
-    if seq_len <= draft_steps:
-        raise SpecError(f"--seq-len must be more than --draft-steps ({draft_steps}), got {seq_len}")
     trainer = Trainer(loaded.model, loaded.config, rows, vocab_top, batch_tokens, lr, seed, draft_steps, reuse,
                       layer_lr)
     say = functools.partial(tqdm.write, file=sys.stderr)
@@ -258,9 +262,9 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
     start, per_step = time.perf_counter(), trainer.batch * seq_len
     deadline = start + 3600 * max_hours if max_hours else None
     first, acceptance = trainer.step, None
+    stops = f" (stops by {time.strftime('%H:%M', time.localtime(time.time() + 3600 * max_hours))})" if deadline else ""
     bar = tqdm(total=steps, initial=trainer.step, unit="step", dynamic_ncols=True, mininterval=1, disable=not progress,
-               desc="train-mtp" + (f" (stops by {time.strftime('%H:%M', time.localtime(time.time() + deadline - start))})"
-                                   if deadline else ""))
+               desc=f"train-mtp{stops}")
     while trainer.step < steps:
         loss, acceptance = trainer.train_step(), None
         rate = (trainer.step - first) * per_step / (time.perf_counter() - start)
@@ -279,7 +283,8 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
     bar.close()
     acceptance = trainer.evaluate() if acceptance is None else acceptance
     record = {"steps": trainer.step, "seq_len": seq_len, "batch_tokens": trainer.batch * seq_len, "lr": lr,
-              "draft_steps": draft_steps, "reuse": reuse, "layer_lr": layer_lr, "held_out_first_draft_acceptance": acceptance[0],
+              "draft_steps": draft_steps, "reuse": reuse, "layer_lr": layer_lr,
+              "held_out_first_draft_acceptance": acceptance[0],
               "held_out_acceptance_per_position": acceptance, "data_tokens": int(trainer.train_rows.size)}
     from .convert import staging
 
