@@ -51,6 +51,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
     add("--model", help="model directory, models.toml name or hub id (default: built-in demo)")
     add("--draft-model", help="a smaller model of the same vocabulary to draft with")
+    add("--mtp-path", help="an MTP head `mlx-spec train-mtp` trained for --model: the mtp drafter")
     add("--drafter", choices=list(DRAFTERS),
         help="; ".join(f"{k.name}: {k.help}" for k in DRAFTERS.values()) + f" (default: {DEFAULT_ORDER})")
     add("--num-draft", type=int,
@@ -129,7 +130,7 @@ def load_engine(args):
     from .loading import load
 
     engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size,
-                  args.mtp_hidden, args.tree_width, args.distributed)
+                  args.mtp_hidden, args.tree_width, args.distributed, args.mtp_path)
     if lockstep := engine.lockstep:
         if not lockstep.leader:
             sys.exit(lockstep.follow(engine))
@@ -213,8 +214,8 @@ def train_mtp(args) -> int:
         raise SpecError(f"--max-hours must be > 0, got {args.max_hours}")
     out = train(args.model, args.data, args.out, args.steps, args.batch_tokens, args.lr, args.max_hours,
                 args.vocab_top, args.seq_len, args.eval_every, args.checkpoint_every, args.seed, args.draft_steps,
-                args.reuse, args.layer_lr, not args.quiet)
-    print(f"wrote the MTP head to {out}: draft with it by --draft-model {out}", file=sys.stderr)
+                args.reuse, args.layer_lr, not args.quiet, args.prompts, args.answer_tokens)
+    print(f"wrote the MTP head to {out}: draft with it by --mtp-path {out}", file=sys.stderr)
     return 0
 
 
@@ -240,7 +241,7 @@ def bench(args) -> int:
     if args.model is None:
         print(model_notice(None).replace("using", "benchmarking"), file=sys.stderr)
     plain = load(args.model, args.draft_model, "off", kv_bits=args.kv_bits, kv_group_size=args.kv_group_size,
-                 mtp_hidden=args.mtp_hidden, tree_width=args.tree_width)
+                 mtp_hidden=args.mtp_hidden, tree_width=args.tree_width, mtp_path=args.mtp_path)
     available = [d for d in plain.status().drafters if d != "off"]
     drafters = args.drafters.split(",") if args.drafters else available
     total = sum(len(prompts) for _, prompts in categories.values()) * args.reps * (len(drafters) + 1)
@@ -390,8 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
     trn = commands.add_parser("train-mtp", help="train an MTP head for a model that has none (Llama, Qwen2/3, "
                                                 "Mistral, SmolLM), on this machine")
     trn.add_argument("--model", required=True, help="the target: directory, models.toml name or hub id")
-    trn.add_argument("--data", required=True, nargs="+", help="text files or folders of them to train on")
-    trn.add_argument("--out", required=True, help="the head's directory (must not exist; then --draft-model OUT)")
+    trn.add_argument("--data", nargs="+", help="text files or folders of them to train on")
+    trn.add_argument("--prompts", help="a JSONL file of prompts (as bench reads) the target answers first: its "
+                     "answers are half of every batch, and held-out acceptance is measured on them too")
+    trn.add_argument("--answer-tokens", type=int, default=256, help="tokens per answer at most (default 256)")
+    trn.add_argument("--out", required=True, help="the head's directory (must not exist; then --mtp-path OUT)")
     trn.add_argument("--steps", type=int, default=2000)
     trn.add_argument("--batch-tokens", type=int, default=512, help="tokens per step (default 512)")
     trn.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate (default 3e-3)")

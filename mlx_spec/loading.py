@@ -25,7 +25,7 @@ from .models import materialize
 from .models.eagle3 import feature_layers, is_eagle3, load_eagle3, trained_for
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.medusa import is_medusa, load_medusa
-from .models.mtp_head import is_mtp_head, load_head
+from .models.mtp_head import ARCHITECTURE as MTP_HEAD, is_mtp_head, load_head
 from .models.nextn import check_supported, declared_nextn_layers, is_nextn, load_nextn
 from .models.qwen3_5 import checkpoint_files, declared_mtp_layers, lm_head, load_mtp, text_model
 from .target import Target
@@ -195,20 +195,28 @@ MAX_TREE_WIDTH = 8
 
 def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: str | None = None,
                 draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
-                mtp_hidden: str = "post", tree_width: int = 1) -> Engine:
+                mtp_hidden: str = "post", tree_width: int = 1, mtp_path: str | None = None) -> Engine:
     """An Engine around a loaded target with the chosen drafter (see `load` for the arguments)."""
     declares_mtp = declared_mtp_layers(target.config) + declared_nextn_layers(target.config) > 0
-    drafter = drafter or default_drafter(bool(draft_model), declares_mtp, bool(target.default_draft_model))
+    drafter = drafter or default_drafter(bool(draft_model), declares_mtp or bool(mtp_path),
+                                         bool(target.default_draft_model))
     draft_model = draft_model or target.default_draft_model
     if drafter not in DRAFTERS:
         raise SpecError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
     if drafter == "draft-model" and not draft_model:
         raise SpecError("--drafter draft-model needs --draft-model PATH_OR_REPO")
-    if drafter == "mtp" and not declares_mtp:
+    if drafter == "mtp" and not (declares_mtp or mtp_path):
         raise SpecError(f"{target.path} declares no MTP layer (mtp_num_hidden_layers, num_nextn_predict_layers): "
-                        "use --drafter ngram or --draft-model")
+                        "train one with `mlx-spec train-mtp` and give it with --mtp-path, or use --drafter ngram or "
+                        "--draft-model")
     if mtp_hidden not in ("post", "pre"):
         raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
+    head_path = resolve(mtp_path) if mtp_path and drafter == "mtp" else None
+    if head_path and not is_mtp_head(head_config := read_config(head_path)):
+        raise SpecError(f"--mtp-path {mtp_path} holds no MTP head (its config.json does not name the architecture "
+                        f"{MTP_HEAD}): give a folder `mlx-spec train-mtp` wrote")
+    if head_path and mtp_hidden != "post":
+        raise SpecError("--mtp-hidden pre: a trained MTP head reads the target's post-norm hidden state; drop it")
     if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
         raise SpecError(f"tree width must be from 1 (a chain) to {MAX_TREE_WIDTH}, got {tree_width!r}")
     if tree_width > 1 and drafter not in ("draft-model", "ngram", "off"):
@@ -217,14 +225,14 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
     draft_config = read_config(draft_path) if draft_path else {}
     assistant, medusa, eagle3 = is_assistant(draft_config), is_medusa(draft_config), is_eagle3(draft_config)
-    head = is_mtp_head(draft_config)
-    if tree_width > 1 and (assistant or head):
-        raise SpecError(f"--tree-width needs a draft model: {'a Gemma 4 assistant' if assistant else 'an MTP head'} "
-                        "proposes chains only")
+    if is_mtp_head(draft_config):
+        raise SpecError(f"{draft_model} is an MTP head: draft with it by --mtp-path {draft_model}")
+    if tree_width > 1 and assistant:
+        raise SpecError("--tree-width needs a draft model: a Gemma 4 assistant proposes chains only")
     max_draft_len = target.entry.get("draft_len") or (
         ASSISTANT_MAX_DRAFT_LEN if assistant else draft_config["medusa_num_heads"] if medusa
-        else DRAFTERS["mtp" if head else drafter].max_draft_len)
-    wants_hidden = (mtp_hidden if drafter == "mtp" else "post" if assistant or medusa or head
+        else DRAFTERS[drafter].max_draft_len)
+    wants_hidden = (mtp_hidden if drafter == "mtp" else "post" if assistant or medusa
                     else eagle3_features(draft_path, draft_config, target) if eagle3 else None)
     if kv_bits and (problem := kv_quantization_problem(target.config, kv_group_size)):
         raise SpecError(f"--kv-bits cannot be used with {target.path}: {problem}")
@@ -240,6 +248,9 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
             raise SpecError(f"lookahead decoding verifies a token tree, and {target.path.name} {problem}: use "
                             "--drafter ngram")
         chosen = LookaheadDrafter()
+    elif head_path:
+        mtp = load_head(head_path, head_config, target.model, target.config)
+        chosen = MTPDrafter(mtp, compat.input_embedding(target.model), mtp.logits)
     elif drafter == "mtp" and is_nextn(target.config):
         check_supported(target.config, target.path)
         nextn = load_nextn(target.path, target.config, checkpoint_files(target.path))
@@ -256,9 +267,6 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         chosen = load_assistant_drafter(draft_path, target, runner, kv_bits)
     elif medusa:
         chosen = load_medusa_drafter(draft_path, draft_config, target)
-    elif head:
-        mtp = load_head(draft_path, draft_config, target.model, target.config)
-        chosen = MTPDrafter(mtp, compat.input_embedding(target.model), mtp.logits)
     elif eagle3:
         check_memory(draft_path, None, what="EAGLE-3 head")
         chosen = Eagle3Drafter(load_eagle3(draft_path, draft_config), target.model)  # paired: eagle3_features
@@ -282,17 +290,18 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
 
     def sibling(name: str) -> Engine:
         return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden,
-                           tree_width if name in ("draft-model", "ngram", "off") else 1)
+                           tree_width if name in ("draft-model", "ngram", "off") else 1, mtp_path)
     engine = Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
-                    available_drafters(target, draft_model, runner.tree_problem() is None) + ["off"])
+                    available_drafters(target, draft_model, runner.tree_problem() is None, mtp_path) + ["off"])
     engine.lockstep = target.lockstep
     return engine
 
 
-def available_drafters(target: LoadedTarget, draft_model: str | None, trees: bool) -> list[str]:
-    """The drafters this target can use ("off" aside): its MTP layer, a known draft model, n-gram, and
-    lookahead where it verifies token trees."""
-    return (["mtp"] * (declared_mtp_layers(target.config) + declared_nextn_layers(target.config) > 0)
+def available_drafters(target: LoadedTarget, draft_model: str | None, trees: bool,
+                       mtp_path: str | None = None) -> list[str]:
+    """The drafters this target can use ("off" aside): its MTP layer or a trained one, a known draft model,
+    n-gram, and lookahead where it verifies token trees."""
+    return (["mtp"] * (bool(mtp_path) or declared_mtp_layers(target.config) + declared_nextn_layers(target.config) > 0)
             + ["draft-model"] * bool(draft_model or target.default_draft_model) + ["ngram"] + ["lookahead"] * trees)
 
 
@@ -355,7 +364,8 @@ def load_assistant_drafter(path: Path, target: LoadedTarget, runner: Target, kv_
 
 def load(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
          draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
-         mtp_hidden: str = "post", tree_width: int = 1, distributed: str | None = None) -> Engine:
+         mtp_hidden: str = "post", tree_width: int = 1, distributed: str | None = None,
+         mtp_path: str | None = None) -> Engine:
     """Load a target and a drafter into an Engine.
 
     model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
@@ -365,6 +375,8 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     `drafters.DEFAULT_ORDER` that this target has.
     mtp_hidden: the target hidden state fed to the MTP layer, after ("post", as the reference implementations)
     or before ("pre") the final norm.
+    mtp_path: an MTP head `mlx-spec train-mtp` trained for this target: the "mtp" drafter (and the default one
+    unless a draft model is given).
     tree_width: > 1 makes the draft model (or n-gram) propose token trees of that many nodes per level
     (verified in one forward); targets or drafts whose caches cannot hold a tree draft chains, and
     `status().shape` says why.
@@ -372,7 +384,8 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     whole on each (`distributed.Lockstep`; rank 0 leads, the others call `engine.lockstep.follow(engine)`).
     """
     planned_draft = draft_model if drafter in (None, "draft-model") else None
-    if planned_draft is None and drafter in (None, "draft-model"):
+    if planned_draft is None and (drafter == "draft-model" or drafter is None and not mtp_path):
         planned_draft = registry().get(model or DEMO_NAME, {}).get("draft_model")
     target = load_target(model, planned_draft, distributed)
-    return make_engine(target, draft_model, drafter, draft_len, kv_bits, kv_group_size, mtp_hidden, tree_width)
+    return make_engine(target, draft_model, drafter, draft_len, kv_bits, kv_group_size, mtp_hidden, tree_width,
+                       mtp_path)

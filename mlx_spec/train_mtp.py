@@ -3,7 +3,9 @@
 Self-distillation on the frozen target: text is cut into sequences; the target runs once per batch and gives its
 post-norm hidden states and its distribution over the head's vocabulary; row t of the head pairs embed(t_{t+1})
 with the hidden state at t and learns the target's distribution at t + 2 (soft cross-entropy, so any text
-works: no labels, and the head learns what the target would say, which is what acceptance measures). The head's
+works: no labels, and the head learns what the target would say, which is what acceptance measures). Given
+prompts, the target first answers them (`answer_rows`): text in the shape drafting meets (a chat template, the
+target's own style), half of every batch. The head's
 vocabulary is the `vocab_top` tokens the training text uses most. `draft_steps` > 1 also trains chained drafts:
 step j feeds the head its own output with the next token and sees what drafting lets it see (the training-time
 test: one tree forward over the head's own cache). `reuse` > 1 makes more updates per target forward (the
@@ -74,15 +76,19 @@ def sequences(tokenizer, files: list[Path], seq_len: int) -> np.ndarray:
 
 
 class Trainer:
-    def __init__(self, target, config: dict, rows: np.ndarray, vocab_top: int | None, batch_tokens: int, lr: float,
-                 seed: int, draft_steps: int = 1, reuse: int = 1, layer_lr: float = 0.1):
-        """rows: (n >= 2, seq_len + 1) token ids, the last twentieth (at least one) held out. draft_steps: how
-        many chained drafts are trained (each feeding the head its own output, as drafting does); reuse: updates
-        per batch the target runs (the extra ones on batches drawn from the last REPLAY, kept in memory)."""
-        self.target, self.config, seq_len = target, config, rows.shape[1] - 1
-        held = max(1, len(rows) // 20)
-        self.train_rows, self.held_rows = rows[:-held], rows[-held:]
-        counts = np.bincount(self.train_rows.ravel(), minlength=config["vocab_size"])
+    def __init__(self, target, config: dict, rows: np.ndarray | None, vocab_top: int | None, batch_tokens: int,
+                 lr: float, seed: int, draft_steps: int = 1, reuse: int = 1, layer_lr: float = 0.1,
+                 answer_rows: np.ndarray | None = None):
+        """rows, answer_rows: (n >= 2, seq_len + 1) token ids of the text and of the target's own answers (either
+        may be None), the last twentieth of each (at least one) held out; batches take from both alike.
+        draft_steps: how many chained drafts are trained (each feeding the head its own output, as drafting
+        does); reuse: updates per batch the target runs (the extra ones on batches drawn from the last REPLAY,
+        kept in memory)."""
+        pools = {name: p for name, p in (("answers", answer_rows), ("text", rows)) if p is not None}
+        self.target, self.config, seq_len = target, config, next(iter(pools.values())).shape[1] - 1
+        self.train_pools = [p[:-max(1, len(p) // 20)] for p in pools.values()]
+        self.held = {name: p[-max(1, len(p) // 20):] for name, p in pools.items()}  # the first: the headline
+        counts = np.bincount(np.concatenate([p.ravel() for p in self.train_pools]), minlength=config["vocab_size"])
         top = min(vocab_top or config["vocab_size"], config["vocab_size"])
         ids = np.sort(np.argsort(-counts, kind="stable")[:top]).astype(np.int32)
         self.head = MTPHead(target, mx.array(ids), config.get("rms_norm_eps", 1e-6))
@@ -95,7 +101,8 @@ class Trainer:
         self.batch, self.draft_steps, self.reuse = max(1, batch_tokens // seq_len), draft_steps, reuse
         self.seed, self.step, self.recent = seed, 0, []
         self.run = {"vocab_top": int(ids.size), "seq_len": seq_len, "batch": self.batch, "lr": lr, "seed": seed,
-                    "data_tokens": int(rows.size), "draft_steps": draft_steps, "reuse": reuse,
+                    "data_tokens": {k: int(p.size) for k, p in pools.items()}, "draft_steps": draft_steps,
+                    "reuse": reuse,
                     "layer_lr": layer_lr}
         self.target.freeze()
         self.head.layers[0].unfreeze()  # a copy of a target layer: frozen when the target is
@@ -106,12 +113,14 @@ class Trainer:
         self.loss_and_grad = nn.value_and_grad(self.head, self.loss)
 
     def batch_rows(self, step: int) -> np.ndarray:
-        """The batch of `step`: a fixed shuffle per pass over the data, so a resumed run sees the same batches."""
-        n = len(self.train_rows)
-        epoch, start = divmod(step * self.batch, n)
-        order = np.random.default_rng(self.seed + epoch).permutation(n)
-        picks = [order[(start + i) % n] for i in range(self.batch)]
-        return self.train_rows[picks]
+        """The batch of `step`, its rows taken from the pools in turn, each pool in a fixed shuffle per pass over
+        it, so a resumed run sees the same batches."""
+        picks, count = [], len(self.train_pools)
+        for slot in range(step * self.batch, (step + 1) * self.batch):
+            pool = self.train_pools[slot % count]
+            epoch, at = divmod(slot // count, len(pool))
+            picks.append(pool[np.random.default_rng([self.seed, slot % count, epoch]).permutation(len(pool))[at]])
+        return np.stack(picks)
 
     def features(self, rows: np.ndarray):
         tokens = mx.array(rows)
@@ -165,12 +174,13 @@ class Trainer:
         self.step += 1
         return loss.item()
 
-    def evaluate(self) -> list[float]:
-        """Held-out acceptance per draft position: how often draft j (the head's greedy choice) is the target's
-        greedy token, among the rows where drafts 1..j-1 were accepted and the text is what drafting would have
-        fed the head (the text's token is the target's choice). [0] is first-draft acceptance."""
+    def evaluate(self, pool: str | None = None) -> list[float]:
+        """Held-out acceptance per draft position on `pool` ("answers" or "text"; default: the answers if any):
+        how often draft j (the head's greedy choice) is the target's greedy token, among the rows where drafts
+        1..j-1 were accepted and the text is what drafting would have fed the head (the text's token is the
+        target's choice). [0] is first-draft acceptance."""
         hits, seen = np.zeros(self.draft_steps), np.zeros(self.draft_steps)
-        for row in self.held_rows[:EVAL_ROWS]:  # one at a time: the target's full logits are large
+        for row in self.held[pool or next(iter(self.held))][:EVAL_ROWS]:  # one at a time: full logits are large
             tokens, hidden = self.features(row[None])
             n = self.rows(tokens)
             chain = np.ones(n, dtype=bool)
@@ -214,17 +224,74 @@ class Trainer:
         return True
 
 
+def answer_rows(loaded, prompts_file: str, answer_tokens: int, seq_len: int, folder: Path, progress: bool,
+                say) -> np.ndarray:
+    """The target's own answers to the prompts of `prompts_file` (JSONL, as bench reads it; greedy unless a
+    line gives a temperature), each after its rendered prompt, packed into (n, seq_len + 1) rows. Generated in
+    batches once: each answer is appended to `folder`/answers.jsonl as it finishes, so a resumed run only
+    generates those it lacks."""
+    from tqdm import tqdm
+
+    from .batched import Job
+    from .bench import load_prompts
+    from .loading import make_engine
+    from .sampling import SamplingParams
+
+    prompts = [(temperature, prompt) for temperature, items in load_prompts(None, prompts_file).values()
+               for prompt in items]
+    engine = make_engine(loaded, drafter="off")
+    encoded = [engine.encode(prompt) for _, prompt in prompts]
+    store, done = folder / "answers.jsonl", {}
+    if store.exists():  # kept: the whole lines (a kill may cut the last short) that answer these prompts
+        for line in store.read_text().splitlines():
+            try:
+                index, tokens = json.loads(line).values()
+                if tokens[:len(encoded[index])] == encoded[index]:
+                    done[index] = tokens
+            except (ValueError, TypeError, IndexError):
+                continue
+    folder.mkdir(parents=True, exist_ok=True)
+    store.write_text("".join(json.dumps({"index": i, "tokens": t}) + "\n" for i, t in done.items()))
+    jobs = [(i, Job(ids, SamplingParams(temperature=temperature), answer_tokens, seed=i))
+            for i, ((temperature, _), ids) in enumerate(zip(prompts, encoded)) if i not in done]
+    if jobs:
+        size = 1 if engine.batch_problem() else min(8, engine.largest_batch(answer_tokens + 256))
+        say(f"the target answers {len(jobs)} of {len(prompts)} prompts ({answer_tokens} tokens each at most, "
+            f"{size} at a time; kept in {store})")
+        bar = tqdm(total=len(prompts), initial=len(done), unit="answer", dynamic_ncols=True, disable=not progress,
+                   desc="answers")
+        with store.open("a") as out:
+            for k, result in engine.generate_many([job for _, job in jobs], size):
+                index, job = jobs[k]
+                done[index] = job.prompt + result.tokens
+                out.write(json.dumps({"index": index, "tokens": done[index]}) + "\n")
+                out.flush()
+                bar.update()
+        bar.close()
+    stream = np.array([t for i in sorted(done) for t in done[i]], dtype=np.int32)
+    usable = len(stream) // (seq_len + 1) * (seq_len + 1)
+    return stream[:usable].reshape(-1, seq_len + 1)
+
+
+def report(acceptance: dict[str, list[float]], draft_steps: int) -> str:
+    """Like "31.2% on answers (per draft position: 31% 20%), 25.0% on text" from evaluate's lists by pool."""
+    return ", ".join(f"{a[0]:.1%} on {pool}" + (f" (per draft position: {' '.join(f'{x:.0%}' for x in a)})"
+                                                 if draft_steps > 1 else "") for pool, a in acceptance.items())
+
+
 def output_weight(target) -> mx.array:
     head = getattr(target, "lm_head", None)
     return head.weight if head is not None else target.model.embed_tokens.weight
 
 
-def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens: int = 512, lr: float = 3e-3,
-          max_hours: float | None = None, vocab_top: int | None = 32768, seq_len: int = 256, eval_every: int = 200,
-          checkpoint_every: int = 100, seed: int = 0, draft_steps: int = 1, reuse: int = 2, layer_lr: float = 0.1,
-          progress: bool = True) -> Path:
+def train(model: str, data: list[str] | None, out: str, steps: int = 2000, batch_tokens: int = 512,
+          lr: float = 3e-3, max_hours: float | None = None, vocab_top: int | None = 32768, seq_len: int = 256,
+          eval_every: int = 200, checkpoint_every: int = 100, seed: int = 0, draft_steps: int = 1, reuse: int = 2,
+          layer_lr: float = 0.1, progress: bool = True, prompts: str | None = None,
+          answer_tokens: int = 256) -> Path:
     """Train and write the head to `out`; resumes from the checkpoint a killed run with the same `out` left.
-    Reports go to stderr, under a progress bar unless `progress` is False."""
+    data: text files and folders; prompts: a JSONL file of prompts the target answers first (`answer_rows`), its
+    answers then half of every batch. Reports go to stderr, under a progress bar unless `progress` is False."""
     from tqdm import tqdm
 
     from .loading import load_target
@@ -238,25 +305,37 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
                                ("--batch-tokens", batch_tokens, seq_len),
                                ("--vocab-top", 1 if vocab_top is None else vocab_top, 0),
                                ("--eval-every", eval_every, 1), ("--checkpoint-every", checkpoint_every, 1),
-                               ("--draft-steps", draft_steps, 1), ("--reuse", reuse, 1)):
+                               ("--draft-steps", draft_steps, 1), ("--reuse", reuse, 1),
+                               ("--answer-tokens", answer_tokens, 1)):
         if value < least:
             raise SpecError(f"{name} must be >= {least}, got {value}")
     if seq_len <= draft_steps:
         raise SpecError(f"--seq-len must be more than --draft-steps ({draft_steps}), got {seq_len}")
+    if not data and not prompts:
+        raise SpecError("nothing to train on: give --data (text files or folders) and/or --prompts (a JSONL file of "
+                        "prompts the target answers)")
     if not lr > 0:
         raise SpecError(f"--lr must be > 0, got {lr}")
     if not 0 <= layer_lr <= 1:
         raise SpecError(f"--layer-lr must be from 0 (frozen) to 1, got {layer_lr}")
+    files = text_files(data) if data else None
+    if prompts:
+        from .bench import load_prompts
+
+        load_prompts(None, prompts)  # a bad file is refused before the target loads
     loaded = load_target(model)
     check_trainable(loaded.config, loaded.path)
     mx.random.seed(seed)
-    rows = sequences(loaded.tokenizer, text_files(data), seq_len)
-    if len(rows) < 2:
-        raise SpecError(f"--data holds {len(rows)} stretch(es) of {seq_len + 1} tokens: train-mtp needs at least two "
-                        "(more text, or a shorter --seq-len)")
-    trainer = Trainer(loaded.model, loaded.config, rows, vocab_top, batch_tokens, lr, seed, draft_steps, reuse,
-                      layer_lr)
     say = functools.partial(tqdm.write, file=sys.stderr)
+    rows = sequences(loaded.tokenizer, files, seq_len) if files else None
+    answers = (answer_rows(loaded, prompts, answer_tokens, seq_len, checkpoint, progress, say) if prompts
+               else None)
+    for flag, pool, more in (("--data", rows, "more text"), ("--prompts", answers, "more prompts")):
+        if pool is not None and len(pool) < 2:
+            raise SpecError(f"{flag} gives {len(pool)} stretch(es) of {seq_len + 1} tokens: train-mtp needs at "
+                            f"least two ({more}, or a shorter --seq-len)")
+    trainer = Trainer(loaded.model, loaded.config, rows, vocab_top, batch_tokens, lr, seed, draft_steps, reuse,
+                      layer_lr, answers)
     if trainer.load_checkpoint(checkpoint):
         say(f"resuming from step {trainer.step} ({checkpoint})")
     start, per_step = time.perf_counter(), trainer.batch * seq_len
@@ -271,21 +350,21 @@ def train(model: str, data: list[str], out: str, steps: int = 2000, batch_tokens
         bar.set_postfix_str(f"loss {loss:.3f}, {rate:.0f} target tokens/s", refresh=False)
         bar.update()
         if trainer.step % eval_every == 0 or trainer.step == steps:
-            acceptance = trainer.evaluate()
-            later = f" (per draft position: {' '.join(f'{a:.0%}' for a in acceptance)})" if draft_steps > 1 else ""
+            acceptance = {pool: trainer.evaluate(pool) for pool in trainer.held}
             say(f"step {trainer.step}/{steps}: loss {loss:.3f}, held-out first-draft acceptance "
-                f"{acceptance[0]:.1%}{later}, {rate:.0f} target tokens/s")
+                f"{report(acceptance, draft_steps)}, {rate:.0f} target tokens/s")
         if trainer.step % checkpoint_every == 0 and trainer.step < steps:
             trainer.save_checkpoint(checkpoint)
         if deadline and time.perf_counter() > deadline:
             say(f"--max-hours reached at step {trainer.step}: writing the head trained so far")
             break
     bar.close()
-    acceptance = trainer.evaluate() if acceptance is None else acceptance
+    acceptance = acceptance or {pool: trainer.evaluate(pool) for pool in trainer.held}
+    headline = acceptance[next(iter(trainer.held))]
     record = {"steps": trainer.step, "seq_len": seq_len, "batch_tokens": trainer.batch * seq_len, "lr": lr,
               "draft_steps": draft_steps, "reuse": reuse, "layer_lr": layer_lr,
-              "held_out_first_draft_acceptance": acceptance[0],
-              "held_out_acceptance_per_position": acceptance, "data_tokens": int(trainer.train_rows.size)}
+              "held_out_first_draft_acceptance": headline[0], "held_out_acceptance_per_position": acceptance,
+              "data_tokens": trainer.run["data_tokens"]}
     from .convert import staging
 
     with staging(out_dir, "writing the MTP head") as work:

@@ -19,7 +19,7 @@ from tiny_heads import greedy_continuations
 import mlx_spec
 from mlx_spec.caches import make_caches
 from mlx_spec.loading import load_target
-from mlx_spec.train_mtp import Trainer
+from mlx_spec.train_mtp import Trainer, answer_rows
 
 
 @pytest.mark.parametrize("draft_steps,reuse,layer_lr", [(1, 1, 0.1), (2, 3, 0.0)])
@@ -63,7 +63,7 @@ def test_a_trained_head_drafts_exactly_and_well(tiny):
     """The suite's head (256 of 512 tokens, trained on the target's continuations of the head texts): drafting
     those texts is greedy-exact and its first drafts are mostly accepted; tokens outside its vocabulary are never
     proposed."""
-    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-mtp-head"]), draft_len=2)
+    engine = mlx_spec.load(str(tiny["qwen3"]), mtp_path=str(tiny["qwen3-mtp-head"]), draft_len=2)
     assert engine.status().drafter == "mtp"
     first = []
     for text in HEAD_TEXTS:
@@ -77,6 +77,33 @@ def test_a_trained_head_drafts_exactly_and_well(tiny):
     logits = np.array(head.logits(head(engine.target.model.model.embed_tokens(mx.array([[3, 4]])),
                                        mx.ones((1, 2, 64))))[0])
     assert np.isneginf(logits[:, outside]).all() and np.isfinite(logits[:, np.array(head.ids)]).all()
+
+
+def test_the_targets_answers_are_its_own_decoding_and_survive_a_kill(tiny, tmp_path):
+    """--prompts: each answer is the target's plain greedy decoding of the rendered prompt (chat prompts too),
+    packed into rows; a store cut short by a kill keeps its whole lines and only the rest are generated again."""
+    prompts = [*HEAD_TEXTS[:2], [{"role": "user", "content": HEAD_TEXTS[2]}], "import os"]
+    file = tmp_path / "prompts.jsonl"
+    file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    target, said = load_target(str(tiny["qwen3"])), []
+    rows = answer_rows(target, str(file), 24, 15, tmp_path / "kept", False, said.append)
+    assert "answers 4 of 4 prompts" in said[0]
+    store = tmp_path / "kept" / "answers.jsonl"
+    answers = {item["index"]: item["tokens"] for item in map(json.loads, store.read_text().splitlines())}
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="off")
+    for index, prompt in enumerate(prompts):
+        ids = engine.encode(prompt)
+        assert answers[index] == ids + plain_greedy(tiny["qwen3"], ids, 24), index
+    stream = [t for index in sorted(answers) for t in answers[index]]
+    assert rows.shape[1] == 16 and 0 <= len(stream) - rows.size < 16
+    np.testing.assert_array_equal(rows.ravel(), stream[:rows.size])
+
+    whole = store.read_text()
+    store.write_text(whole[:-len(whole.splitlines()[-1]) // 2])  # a kill in the middle of the last line
+    said.clear()
+    again = answer_rows(target, str(file), 24, 15, tmp_path / "kept", False, said.append)
+    assert "answers 1 of 4 prompts" in said[0]
+    np.testing.assert_array_equal(again, rows)
 
 
 def train_command(tiny, data, out, *extra):
@@ -100,7 +127,7 @@ def test_train_mtp_on_text_and_resume_after_a_kill(tiny, tmp_path, corpus):
     unbroken = subprocess.run(train_command(tiny, corpus, tmp_path / "unbroken", "--steps", "60"),
                               capture_output=True, text=True, timeout=300)
     assert unbroken.returncode == 0, unbroken.stderr
-    assert "held-out first-draft acceptance" in unbroken.stderr and "--draft-model" in unbroken.stderr
+    assert "held-out first-draft acceptance" in unbroken.stderr and "--mtp-path" in unbroken.stderr
     config = json.loads((tmp_path / "unbroken" / "config.json").read_text())
     assert config["architectures"] == ["MTPHead"] and config["training"]["steps"] == 60
 
@@ -122,11 +149,27 @@ def test_train_mtp_on_text_and_resume_after_a_kill(tiny, tmp_path, corpus):
     for name, value in load_file(str(tmp_path / "unbroken" / "model.safetensors")).items():
         np.testing.assert_array_equal(value, load_file(str(out / "model.safetensors"))[name], err_msg=name)
 
-    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(out), "--prompt", HEAD_TEXTS[0],
+    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--mtp-path", str(out), "--prompt", HEAD_TEXTS[0],
                    "--raw", "--max-tokens", "20", "--num-draft", "2", "--json")
     assert proc.returncode == 0, proc.stderr
     ids = mlx_spec.load(str(tiny["qwen3"]), drafter="off").encode(HEAD_TEXTS[0])
     assert json.loads(proc.stdout)["tokens"] == plain_greedy(tiny["qwen3"], ids, 20)
+
+
+def test_train_mtp_on_text_and_answers(tiny, tmp_path, corpus):
+    """Both kinds of data: held-out acceptance is reported on each, the answers first (the headline)."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in [*HEAD_TEXTS, "import os"]))
+    proc = subprocess.run(train_command(tiny, corpus, tmp_path / "head", "--steps", "4", "--prompts", str(prompts),
+                                        "--answer-tokens", "40", "--eval-every", "2"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "the target answers 4 of 4 prompts" in proc.stderr, proc.stderr
+    assert proc.stderr.count("% on answers (per draft position: ") == 2 and proc.stderr.count("% on text (") == 2
+    training = json.loads((tmp_path / "head" / "config.json").read_text())["training"]
+    assert set(training["held_out_acceptance_per_position"]) == {"answers", "text"}
+    assert training["held_out_first_draft_acceptance"] == training["held_out_acceptance_per_position"]["answers"][0]
+    assert training["data_tokens"]["answers"] > 0 == training["data_tokens"]["answers"] % 33  # rows of 33
 
 
 def test_train_mtp_refusals(tiny, tmp_path, corpus):
@@ -141,12 +184,35 @@ def test_train_mtp_refusals(tiny, tmp_path, corpus):
     assert_one_line_error(run_cli(*steps), "--draft-steps must be >= 1")
     assert_one_line_error(run_cli(*train_command(tiny, corpus, tmp_path / "e", "--layer-lr", "2")[3:]),
                           "--layer-lr must be from 0 (frozen) to 1")
+    nothing = train_command(tiny, corpus, tmp_path / "f")[3:]
+    del nothing[nothing.index("--data"):nothing.index("--data") + 2]
+    assert_one_line_error(run_cli(*nothing), "nothing to train on", "--prompts")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "hi"}\n')
+    assert_one_line_error(run_cli(*train_command(tiny, corpus, tmp_path / "g", "--prompts", str(bad))[3:]),
+                          "bad.jsonl:1", "\"prompt\"")
     exists = tmp_path / "exists"
     exists.mkdir()
     assert_one_line_error(run_cli(*train_command(tiny, corpus, exists)[3:]), "already exists")
     hybrid = train_command(tiny, corpus, tmp_path / "b")[3:]
     hybrid[hybrid.index("--model") + 1] = str(tiny["qwen3_5"])
     assert_one_line_error(run_cli(*hybrid), "'qwen3_5'", "ship their own MTP layer")
-    wrong = run_cli("generate", "--model", str(tiny["llama"]), "--draft-model", str(tiny["qwen3-mtp-head"]),
+    wrong = run_cli("generate", "--model", str(tiny["llama"]), "--mtp-path", str(tiny["qwen3-mtp-head"]),
                     "--prompt", "hi")
     assert_one_line_error(wrong, "trained for a target with model_type 'qwen3'", "mlx-spec train-mtp")
+
+
+def test_mtp_head_flags(tiny):
+    """A head drafts by --mtp-path only; the mtp drafter without one says how to get one."""
+    head = str(tiny["qwen3-mtp-head"])
+    as_draft = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", head, "--prompt", "hi")
+    assert_one_line_error(as_draft, "is an MTP head", f"--mtp-path {head}")
+    not_head = run_cli("generate", "--model", str(tiny["qwen3"]), "--mtp-path", str(tiny["llama"]), "--prompt", "hi")
+    assert_one_line_error(not_head, "holds no MTP head", "train-mtp")
+    none = run_cli("generate", "--model", str(tiny["qwen3"]), "--drafter", "mtp", "--prompt", "hi")
+    assert_one_line_error(none, "declares no MTP layer", "--mtp-path")
+    pre = run_cli("generate", "--model", str(tiny["qwen3"]), "--mtp-path", head, "--mtp-hidden", "pre",
+                  "--prompt", "hi")
+    assert_one_line_error(pre, "post-norm hidden state")
+    engine = mlx_spec.load(str(tiny["qwen3"]), mtp_path=head, drafter="ngram")
+    assert "mtp" in engine.status().drafters and engine.with_drafter("mtp").status().drafter == "mtp"
