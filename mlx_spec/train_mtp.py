@@ -235,12 +235,13 @@ def answer_rows(loaded, prompts_file: str, answer_tokens: int, seq_len: int, fol
     from .batched import Job
     from .bench import load_prompts
     from .loading import make_engine
+    from .prompts import render_prompt
     from .sampling import SamplingParams
 
     prompts = [(temperature, prompt) for temperature, items in load_prompts(None, prompts_file).values()
                for prompt in items]
     engine = make_engine(loaded, drafter="off")
-    encoded = [engine.encode(prompt) for _, prompt in prompts]
+    encoded = [render_prompt(loaded.tokenizer, prompt) for _, prompt in prompts]  # as bench and the chat render
     store, done = folder / "answers.jsonl", {}
     if store.exists():  # kept: the whole lines (a kill may cut the last short) that answer these prompts
         for line in store.read_text().splitlines():

@@ -19,6 +19,7 @@ from tiny_heads import greedy_continuations
 import mlx_spec
 from mlx_spec.caches import make_caches
 from mlx_spec.loading import load_target
+from mlx_spec.prompts import render_prompt
 from mlx_spec.train_mtp import Trainer, answer_rows
 
 
@@ -90,9 +91,9 @@ def test_the_targets_answers_are_its_own_decoding_and_survive_a_kill(tiny, tmp_p
     assert "answers 4 of 4 prompts" in said[0]
     store = tmp_path / "kept" / "answers.jsonl"
     answers = {item["index"]: item["tokens"] for item in map(json.loads, store.read_text().splitlines())}
-    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="off")
     for index, prompt in enumerate(prompts):
-        ids = engine.encode(prompt)
+        ids = render_prompt(target.tokenizer, prompt)  # through the chat template, as bench and the chat do
+        assert ids != target.tokenizer.encode(HEAD_TEXTS[index] if index < 3 else prompt)
         assert answers[index] == ids + plain_greedy(tiny["qwen3"], ids, 24), index
     stream = [t for index in sorted(answers) for t in answers[index]]
     assert rows.shape[1] == 16 and 0 <= len(stream) - rows.size < 16
