@@ -249,7 +249,7 @@ def answer_rows(loaded, prompts_file: str, answer_tokens: int, seq_len: int, fol
                 index, tokens = json.loads(line).values()
                 if tokens[:len(encoded[index])] == encoded[index]:
                     done[index] = tokens
-            except (ValueError, TypeError, IndexError):
+            except (ValueError, TypeError, IndexError, AttributeError):
                 continue
     folder.mkdir(parents=True, exist_ok=True)
     store.write_text("".join(json.dumps({"index": i, "tokens": t}) + "\n" for i, t in done.items()))

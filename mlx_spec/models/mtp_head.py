@@ -9,7 +9,7 @@ SmolLM...), in the shape of Qwen3.5's and DeepSeek's built-in layers:
 
 A head lives in a directory: `config.json` (architectures ["MTPHead"], the target's model_type, hidden size,
 vocabulary and depth, and how it was trained) and `model.safetensors` (its parameters and `ids`). It drafts with
-`--draft-model DIR`; the target's embedding is shared, not stored.
+`--mtp-path DIR` (the mtp drafter); the target's embedding is shared, not stored.
 """
 
 from __future__ import annotations
