@@ -136,7 +136,7 @@ def test_sampled_batches_follow_the_target(tiny):
 
 
 def test_drafters_and_caches_that_cannot_batch_are_refused(tiny):
-    head = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-mtp-head"]))
+    head = mlx_spec.load(str(tiny["qwen3"]), mtp_path=str(tiny["qwen3-mtp-head"]))
     assert "does not draft in batches" in head.batch_problem()
     with pytest.raises(SpecError, match="use a batch size of 1"):
         list(head.generate_many(jobs_for(head)[:2], 2))
@@ -159,7 +159,7 @@ def test_batch_cli_sizes_and_refusals(tiny, tmp_path):
         assert proc.returncode == 0, proc.stderr
         outputs[size] = {r["id"]: r["text"] for r in map(json.loads, out.read_text().splitlines())}
     assert outputs["1"] == outputs["3"] and len(outputs["1"]) == len(TEXTS)
-    head = ["--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-mtp-head"]), "--quiet"]
+    head = ["--model", str(tiny["qwen3"]), "--mtp-path", str(tiny["qwen3-mtp-head"]), "--quiet"]
     proc = run_cli("batch", str(requests), "-o", str(tmp_path / "head.jsonl"), *head, "--batch-size", "2")
     assert_one_line_error(proc, "--batch-size 2", "does not draft in batches", "--batch-size 1")
     assert not (tmp_path / "head.jsonl").exists() or not (tmp_path / "head.jsonl").read_text()

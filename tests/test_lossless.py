@@ -29,12 +29,13 @@ def test_greedy_equals_plain_decoding(tiny, family, drafter, penalty):
 @pytest.mark.parametrize("family,draft,options", [
     *[(family, f"{family}-draft", {}) for family in FAMILIES], ("qwen3", "qwen3-draft", {"tree_width": 2}),
     ("qwen3", "qwen3-eagle3", {"tree_width": 3}), ("llama", None, {"drafter": "lookahead"}),
-    ("qwen3", "qwen3-mtp-head", {}),
+    ("qwen3", None, {"mtp_path": "qwen3-mtp-head"}),
     ("qwen3_5", None, {"drafter": "mtp"}), ("gemma4", "gemma4-assistant", {})])
 def test_changing_draft_lengths_stay_exact(tiny, family, draft, options):
     """The adaptive policy changes the draft length (and a tree drafter's shape) every few rounds and turns
     drafting off and on (its choices follow the clock); seeded runs of every length, 0 included, and of chains
     and trees must all decode exactly as plain decoding."""
+    options = {k: str(tiny[v]) if k == "mtp_path" else v for k, v in options.items()}
     engine = mlx_spec.load(str(tiny[family]), draft_model=draft and str(tiny[draft]), **options)
     ids = engine.encode(PROMPT)
     reference = plain_greedy(tiny[family], ids, MAX_TOKENS, 1.3)

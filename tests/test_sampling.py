@@ -79,14 +79,15 @@ def first_candidates(draft) -> list[int]:
 
 @pytest.mark.parametrize("family,drafter,draft", [("qwen3", "draft-model", "qwen3-noisy"), ("qwen3", "ngram", None),
                                                   ("qwen3", "lookahead", None), ("deepseek_v3", "mtp", None),
-                                                  ("qwen3", "draft-model", "qwen3-mtp-head"),
+                                                  ("qwen3", "mtp", "qwen3-mtp-head"),
                                                   ("qwen3_5", "mtp", None), ("qwen3", "draft-model", "qwen3-eagle3"),
                                                   ("gemma4", "draft-model", "gemma4-assistant-trained")])
 def test_sampled_sequences_follow_the_target(tiny, family, drafter, draft):
     """Three sampled tokens (T=1, top-k 2): the 8 possible sequences appear as often as the target alone
     would produce them, computed exactly from full-prefix forwards."""
     horizon, top_k, samples = 3, 2, 1200
-    engine = mlx_spec.load(str(tiny[family]), draft_model=draft and str(tiny[draft]), drafter=drafter, draft_len=2)
+    given = {"mtp_path" if drafter == "mtp" else "draft_model": draft and str(tiny[draft])}  # a head: mtp_path
+    engine = mlx_spec.load(str(tiny[family]), drafter=drafter, draft_len=2, **given)
     prompt = engine.encode(PROMPT)
     if engine.drafter.name in ("mtp", "assistant", "eagle3"):  # drafters fed by the target's hidden states
         prompt = prompt[:24]  # past the Gemma window (16); short for Gated DeltaNet's step-by-step prefill
