@@ -102,8 +102,7 @@ class Trainer:
         self.seed, self.step, self.recent = seed, 0, []
         self.run = {"vocab_top": int(ids.size), "seq_len": seq_len, "batch": self.batch, "lr": lr, "seed": seed,
                     "data_tokens": {k: int(p.size) for k, p in pools.items()}, "draft_steps": draft_steps,
-                    "reuse": reuse,
-                    "layer_lr": layer_lr}
+                    "reuse": reuse, "layer_lr": layer_lr}
         self.target.freeze()
         self.head.layers[0].unfreeze()  # a copy of a target layer: frozen when the target is
         if layer_lr == 0:
@@ -224,22 +223,26 @@ class Trainer:
         return True
 
 
-def answer_rows(loaded, prompts_file: str, answer_tokens: int, seq_len: int, folder: Path, progress: bool,
-                say) -> np.ndarray:
-    """The target's own answers to the prompts of `prompts_file` (JSONL, as bench reads it; greedy unless a
-    line gives a temperature), each after its rendered prompt, packed into (n, seq_len + 1) rows. Generated in
-    batches once: each answer is appended to `folder`/answers.jsonl as it finishes, so a resumed run only
-    generates those it lacks."""
+def read_prompts(prompts_file: str) -> list[tuple[float, str | list[dict]]]:
+    """(temperature, prompt) for each line of a JSONL file of prompts, as bench reads it."""
+    from .bench import load_prompts
+
+    return [(temperature, prompt) for temperature, items in load_prompts(None, prompts_file).values()
+            for prompt in items]
+
+
+def answer_rows(loaded, prompts: list[tuple[float, str | list[dict]]], answer_tokens: int, seq_len: int,
+                folder: Path, progress: bool, say) -> np.ndarray:
+    """The target's own answers to `prompts` (`read_prompts`; greedy where the temperature is 0), each after its
+    rendered prompt, packed into (n, seq_len + 1) rows. Generated in batches once: each answer is appended to
+    `folder`/answers.jsonl as it finishes, so a resumed run only generates those it lacks."""
     from tqdm import tqdm
 
     from .batched import Job
-    from .bench import load_prompts
     from .loading import make_engine
     from .prompts import render_prompt
     from .sampling import SamplingParams
 
-    prompts = [(temperature, prompt) for temperature, items in load_prompts(None, prompts_file).values()
-               for prompt in items]
     engine = make_engine(loaded, drafter="off")
     encoded = [render_prompt(loaded.tokenizer, prompt) for _, prompt in prompts]  # as bench and the chat render
     store, done = folder / "answers.jsonl", {}
@@ -256,7 +259,8 @@ def answer_rows(loaded, prompts_file: str, answer_tokens: int, seq_len: int, fol
     jobs = [(i, Job(ids, SamplingParams(temperature=temperature), answer_tokens, seed=i))
             for i, ((temperature, _), ids) in enumerate(zip(prompts, encoded)) if i not in done]
     if jobs:
-        size = 1 if engine.batch_problem() else min(8, engine.largest_batch(answer_tokens + 256))
+        longest = max(len(job.prompt) for _, job in jobs) + answer_tokens
+        size = 1 if engine.batch_problem() else min(8, engine.largest_batch(longest))
         say(f"the target answers {len(jobs)} of {len(prompts)} prompts ({answer_tokens} tokens each at most, "
             f"{size} at a time; kept in {store})")
         bar = tqdm(total=len(prompts), initial=len(done), unit="answer", dynamic_ncols=True, disable=not progress,
@@ -320,16 +324,13 @@ def train(model: str, data: list[str] | None, out: str, steps: int = 2000, batch
     if not 0 <= layer_lr <= 1:
         raise SpecError(f"--layer-lr must be from 0 (frozen) to 1, got {layer_lr}")
     files = text_files(data) if data else None
-    if prompts:
-        from .bench import load_prompts
-
-        load_prompts(None, prompts)  # a bad file is refused before the target loads
+    prompt_list = read_prompts(prompts) if prompts else None  # a bad file is refused before the target loads
     loaded = load_target(model)
     check_trainable(loaded.config, loaded.path)
     mx.random.seed(seed)
     say = functools.partial(tqdm.write, file=sys.stderr)
     rows = sequences(loaded.tokenizer, files, seq_len) if files else None
-    answers = (answer_rows(loaded, prompts, answer_tokens, seq_len, checkpoint, progress, say) if prompts
+    answers = (answer_rows(loaded, prompt_list, answer_tokens, seq_len, checkpoint, progress, say) if prompts
                else None)
     for flag, pool, more in (("--data", rows, "more text"), ("--prompts", answers, "more prompts")):
         if pool is not None and len(pool) < 2:

@@ -39,6 +39,8 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.count < 1:
+        sys.exit(f"code_prompts: --count must be >= 1, got {args.count}")
     if not args.folder.is_dir():
         sys.exit(f"code_prompts: {args.folder} is not a folder: give one holding Python source")
     found = prompts(args.folder)

@@ -20,7 +20,7 @@ import mlx_spec
 from mlx_spec.caches import make_caches
 from mlx_spec.loading import load_target
 from mlx_spec.prompts import render_prompt
-from mlx_spec.train_mtp import Trainer, answer_rows
+from mlx_spec.train_mtp import Trainer, answer_rows, read_prompts
 
 
 @pytest.mark.parametrize("draft_steps,reuse,layer_lr", [(1, 1, 0.1), (2, 3, 0.0)])
@@ -87,7 +87,7 @@ def test_the_targets_answers_are_its_own_decoding_and_survive_a_kill(tiny, tmp_p
     file = tmp_path / "prompts.jsonl"
     file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     target, said = load_target(str(tiny["qwen3"])), []
-    rows = answer_rows(target, str(file), 24, 15, tmp_path / "kept", False, said.append)
+    rows = answer_rows(target, read_prompts(str(file)), 24, 15, tmp_path / "kept", False, said.append)
     assert "answers 4 of 4 prompts" in said[0]
     store = tmp_path / "kept" / "answers.jsonl"
     answers = {item["index"]: item["tokens"] for item in map(json.loads, store.read_text().splitlines())}
@@ -102,7 +102,7 @@ def test_the_targets_answers_are_its_own_decoding_and_survive_a_kill(tiny, tmp_p
     whole = store.read_text()
     store.write_text(whole[:-len(whole.splitlines()[-1]) // 2])  # a kill in the middle of the last line
     said.clear()
-    again = answer_rows(target, str(file), 24, 15, tmp_path / "kept", False, said.append)
+    again = answer_rows(target, read_prompts(str(file)), 24, 15, tmp_path / "kept", False, said.append)
     assert "answers 1 of 4 prompts" in said[0]
     np.testing.assert_array_equal(again, rows)
 
