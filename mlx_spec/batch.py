@@ -38,6 +38,7 @@ class Request:
     max_tokens: int
     stop: list[str]
     seed: int
+    draft_len: int | None = None  # the engine's: its pin or the batch's policy
 
 
 def whole_number(item: dict, key: str, default: int, least: int) -> int:

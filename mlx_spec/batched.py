@@ -24,7 +24,7 @@ from .draft import Draft
 from .engine import Done, Result, Round, Text, TextStream, Token, emit
 from .errors import SpecError
 from .policy import BatchDraftLength, FixedDraftLength
-from .ragged import RaggedBatch
+from .ragged import RaggedBatch, RaggedKVCache
 from .sampling import SamplingParams
 from .stats import Stats
 from .target import PREFILL_CHUNK
@@ -40,6 +40,7 @@ class Job:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int = 0
+    draft_len: int | None = None  # this row's own pinned draft length (0: none); None: the batch's policy
 
 
 class Row:
@@ -71,30 +72,36 @@ def batch_problem(model, drafter=None, kv_bits: int | None = None) -> str | None
         return f"batched decoding is not available for this model ({problem})"
     if kv_bits:
         return "a quantized KV cache (--kv-bits) is not batched yet"
-    if drafter is not None and not hasattr(drafter, "batched"):
-        return f"the {drafter.name} drafter does not draft in batches yet (ngram, draft-model and off do)"
+    if drafter is not None and getattr(drafter, "batched", None) is None:
+        return f"the {drafter.name} drafter does not draft in batches yet (ngram, draft-model, mtp and off do)"
+    if drafter is not None and hasattr(drafter, "batch_problem") and (problem := drafter.batch_problem()):
+        return f"the {drafter.name} drafter cannot draft in batches: {problem}"
     return None
 
 
 def largest_batch(model, tokens_per_row: int, available: int) -> int:
     """The most rows (up to MAX_BATCH) whose caches, `tokens_per_row` positions each, fit in half of `available`
-    bytes: the KV bytes per position measured on a one-token forward."""
+    bytes: the KV bytes per position and the recurrent states' bytes per row measured on a one-token forward."""
     probe = RaggedBatch(model, rows=1)
     probe.forward(mx.array([[0]], dtype=mx.int32), [1])
-    per_position = sum(c.nbytes for c in probe.caches) / probe.capacity
-    return int(max(1, min(MAX_BATCH, available // 2 // max(1, per_position * tokens_per_row))))
+    per_position = sum(c.nbytes for c in probe.caches if isinstance(c, RaggedKVCache)) / probe.capacity
+    per_row = per_position * tokens_per_row + sum(c.nbytes for c in probe.recurrent)
+    return int(max(1, min(MAX_BATCH, available // 2 // max(1, per_row))))
 
 
 class BatchedDecoder:
-    def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4):
+    def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4,
+                 read_hidden=None):
         """drafter: one whose `batched()` drafts for a batch (None: plain batched decoding); draft_len: pinned,
-        or None for the adaptive policy per batch size."""
+        or None for the adaptive policy per batch size; read_hidden: the target's hidden states after a forward
+        (`target.hidden_reader`), for drafters that read them."""
         if problem := batch_problem(model, drafter):
             raise SpecError(f"{problem}: use a batch size of 1")
         compat.check_batches()
         drafter = drafter if draft_len != 0 else None
         self.model, self.tokenizer = model, tokenizer
         self.make_drafters = drafter.batched if drafter else None
+        self.read_hidden = read_hidden if drafter else None
         self.policy = (BatchDraftLength(max_draft_len) if draft_len is None and drafter
                        else FixedDraftLength(draft_len if drafter else 0))
         self.name = drafter.name if drafter else "off"
@@ -147,12 +154,12 @@ class BatchedDecoder:
         while joining:
             row = joining[0]
             row.prefill = row.prefill or RaggedBatch(self.model, rows=1)
-            if row.prefill.extend(row.job.prompt[:-1], PREFILL_CHUNK):
+            if row.prefill.extend(row.job.prompt[:-1], PREFILL_CHUNK, self.read_hidden):
                 joining.popleft()
                 batch.join(row.prefill)
-                row.prefill = None
                 if drafters:
-                    drafters.join(row.context)
+                    drafters.join(row.context, mx.concatenate(row.prefill.hidden) if row.prefill.hidden else None)
+                row.prefill = None
                 row.stats.prefill_seconds = time.perf_counter() - row.started
                 rows.append(row)
             if decoding:
@@ -168,7 +175,8 @@ class BatchedDecoder:
         for row in rows:
             row.random, round_key = mx.random.split(row.random)
             draft_key, verify_key = mx.random.split(round_key)
-            lengths.append(max(0, min(longest, row.job.max_tokens - len(row.generated) - 1)))
+            wanted = longest if row.job.draft_len is None else row.job.draft_len
+            lengths.append(max(0, min(wanted, row.job.max_tokens - len(row.generated) - 1)))
             draft_keys.append(draft_key)
             verify_keys.append(verify_key)
         drafts = (drafters.propose([row.context for row in rows], lengths, [row.job.params for row in rows],
@@ -179,6 +187,7 @@ class BatchedDecoder:
                            for row, d in zip(rows, drafts)])
         batch.mark()
         logits = batch.forward(inputs, [1 + d.tokens.shape[0] for d in drafts])
+        hidden = self.read_hidden() if self.read_hidden else None
         verdicts = [verify_draft(d, logits[i, :1 + d.tokens.shape[0]], row.job.params, row.context, key)
                     for i, (row, d, key) in enumerate(zip(rows, drafts, verify_keys))]
         mx.eval([d.tokens for d in drafts], verdicts)  # the round's only host synchronisation
@@ -195,9 +204,10 @@ class BatchedDecoder:
                                            row.job.max_tokens)
             events += [(row.key, event) for event in [verdict, *tokens]]
         if drafters:
-            drafters.accept([row.context for row in rows], accepted)
+            drafters.accept([row.context for row in rows], accepted, hidden)
         self.policy.observe(width - 1, 0, time.perf_counter() - start,
                             rows=[(d.tokens.shape[0], a) for d, a in zip(drafts, accepted)])
         for row in rows:
-            row.stats.policy = self.policy.note
+            row.stats.policy = (self.policy.note if row.job.draft_len is None or not drafters else
+                                FixedDraftLength(row.job.draft_len).note)
         return events

@@ -14,7 +14,8 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
 - for token trees: attention layers that rotate with `self.rope(x, offset=cache.offset)` through
   `mx.fast.rope` (which takes one offset per batch row), and masks that come from `cache.make_mask`;
 - for batches (ragged.py): the same rotation and masks with one offset per batch row (`cache.offset` an array)
-  and a (B, 1, n, m) mask, `check_batches` comparing each row with the model run on it alone;
+  and a (B, 1, n, m) mask, sliding-window layers asking `make_mask` with their `window_size`,
+  `check_batches` comparing each row with the model run on it alone;
 - for `--distributed`: `Model.shard(group)` (tensor parallelism) and the inner model's `pipeline(group)`
   (`split_model`), whose forward passes exchange activations so that every rank ends with the same logits, and
   the `sharding_group` a sharded Qwen3.5 GDN layer and head carry (`models/qwen3_5.py` sums and gathers as
@@ -261,14 +262,27 @@ def check() -> None:
 
 @functools.cache
 def check_batches() -> None:
-    """Two rows of different lengths in one RaggedBatch score their next tokens as a tiny Llama alone does."""
+    """Two rows of different lengths in one RaggedBatch score their next tokens as the model alone does: a tiny
+    Llama, and a tiny Gemma 3 whose sliding window (2) is shorter than the rows."""
+    from mlx_lm.models import gemma3_text
+
+    llama_model = llama.Model(llama_args(dict(hidden_size=16, num_hidden_layers=1, intermediate_size=32,
+                                              num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6,
+                                              vocab_size=8)))
+    if not _rows_match(llama_model):
+        raise broken("batched attention (rotary embeddings with one offset per row, or masks from cache.make_mask)")
+    gemma = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(dict(
+        model_type="gemma3_text", hidden_size=16, num_hidden_layers=2, intermediate_size=32, num_attention_heads=2,
+        head_dim=8, vocab_size=8, query_pre_attn_scalar=8, sliding_window=2, sliding_window_pattern=2)))
+    if not _rows_match(gemma):
+        raise broken("sliding-window attention in batches (the window no longer passed to cache.make_mask)")
+
+
+def _rows_match(model) -> bool:
     from mlx_lm.models.cache import make_prompt_cache
 
     from .ragged import RaggedBatch
 
-    args = llama_args(dict(hidden_size=16, num_hidden_layers=1, intermediate_size=32, num_attention_heads=2,
-                           num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=8))
-    model = llama.Model(args)
     rows, batch = [[1, 2, 3, 4, 5], [6, 7]], RaggedBatch(model)
     for tokens in rows:
         batch.join(RaggedBatch.prefilled(model, tokens[:-1]))
@@ -277,8 +291,8 @@ def check_batches() -> None:
     for row, (tokens, column) in enumerate(zip([[1, 2, 3, 4, 5], [6, 7, 1]], (0, 1))):
         alone = model(mx.array([tokens]), cache=make_prompt_cache(model))[0, -1]
         if not mx.allclose(logits[row, column], alone, atol=1e-4):
-            raise broken("batched attention (rotary embeddings with one offset per row, or masks from "
-                         "cache.make_mask)")
+            return False
+    return True
 
 
 def check_llama_attention() -> None:

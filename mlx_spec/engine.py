@@ -410,7 +410,7 @@ class Engine:
         if problem := self.batch_problem():
             raise SpecError(f"{problem}: use a batch size of 1")
         return BatchedDecoder(self.target.model, self.tokenizer, self.drafter,
-                              getattr(self.next_policy, "pinned", None), self.max_draft_len)
+                              getattr(self.next_policy, "pinned", None), self.max_draft_len, self.target.read_hidden)
 
 
 def emit(new_tokens: list[int], accepted: int, generated: list[int], text: TextStream, eos, max_tokens: int):

@@ -168,7 +168,7 @@ class Generator:
     def batchable(self, job: Job) -> bool:
         """Whether `job` may share a batch; a drafter that fails to load says so when the job runs alone (its own
         400), not in the middle of a batch it would end for everyone."""
-        if self.batch_size == 1 or job.native or job.draft_len is not None:
+        if self.batch_size == 1 or job.native:
             return False
         try:
             return self.engine_for(job.drafter).batch_problem() is None
@@ -205,7 +205,7 @@ class Generator:
                 try:
                     jobs[job.id] = job
                     return job.id, BatchJob(engine.encode(job.prompt), job.params, job.max_tokens, tuple(job.stop),
-                                            job.seed)
+                                            job.seed, job.draft_len)
                 except SpecError as e:
                     job.send(APIError(400, str(e)))
                     del jobs[job.id]
@@ -215,6 +215,7 @@ class Generator:
             job = jobs[key]
             return job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline
 
+        engine.pin(None)  # rows without a pin of their own: the adaptive policy (a pinned job alone left its pin)
         try:
             for key, event in engine.stream_many(take, self.batch_size, should_stop):
                 if not isinstance(event, Round):

@@ -5,15 +5,25 @@ All rows of a batch are written at the same columns, one forward at a time, but 
 round gives every row `1 + max draft length` columns, and the columns of a row's rejected drafts (and of the
 padding after a shorter draft) are masked out for good, while columns that every row rejected are written over
 by the next forward. Holes are squeezed out when the buffers would otherwise grow (`compact`); rows leave
-(`select`) and join (`join`, after their prompt ran in a batch of their own) between forwards. Full-attention
-KV caches only (`RaggedBatch.problem` says why a model's cannot).
+(`select`) and join (`join`, after their prompt ran in a batch of their own) between forwards.
+
+Sliding-window layers hold every column too (their memory grows as full attention's does): the mask they ask
+for (`window_size`) hides, per row, what lies beyond the window of each query's own position. Gated DeltaNet
+layers (Qwen3.5 / 3.6, Qwen3-Next) keep one recurrent state per row (`caches.RecurrentCache`): while a round is
+marked they keep the state after every input, each row knows which kept state follows each of its real inputs,
+and `keep` gives each row the state after its last kept input. Padding runs through the recurrence only after
+a row's real inputs; before the next forward of the round each row is set back to the state after its last real
+input. Other cache types: `RaggedBatch.problem` says why they cannot be batched.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+
+from .caches import RecurrentCache
+from .models import qwen3_5
 
 STEP = 256  # columns added when the buffers grow
 
@@ -38,8 +48,8 @@ class RaggedKVCache:
         self.values[..., start:end, :] = values
         return self.keys[..., :end, :], self.values[..., :end, :]
 
-    def make_mask(self, n: int, *args, **kwargs) -> mx.array:
-        return self.batch.mask
+    def make_mask(self, n: int, window_size: int | None = None, **kwargs) -> mx.array:
+        return self.batch.window_mask(window_size) if window_size else self.batch.mask
 
     @property
     def state(self):
@@ -65,11 +75,16 @@ class RaggedBatch:
     def __init__(self, model, rows: int = 0):
         """An empty cache for `rows` rows."""
         self.model = model
-        self.caches = [RaggedKVCache(self) for _ in make_prompt_cache(model)]
+        qwen3_5.install(model)  # Gated DeltaNet layers that keep per-position states (no-op for other models)
+        self.caches = [RecurrentCache(len(c.cache)) if isinstance(c, ArraysCache) else RaggedKVCache(self)
+                       for c in make_prompt_cache(model)]
+        self.recurrent = [c for c in self.caches if isinstance(c, RecurrentCache)]
+        self.states = None  # while a round is marked, per row: the recurrent state (saved index) after each input
         self.columns = 0  # columns written (valid or not)
         self.capacity = 0  # columns the buffers hold
         self.valid = np.zeros((rows, 0), dtype=bool)  # (B, columns): a row holds its valid columns' positions
         self.positions = self.mask = None  # set around a forward
+        self.hidden: list[mx.array] = []  # what `extend` read of the hidden states, when asked
         self.marked = None  # the columns written when the round began (`mark`)
 
     @property
@@ -85,20 +100,24 @@ class RaggedBatch:
             pass
         return batch
 
-    def extend(self, tokens: list[int], chunk: int = 512) -> bool:
+    def extend(self, tokens: list[int], chunk: int = 512, read_hidden=None) -> bool:
         """Run the next `chunk` of `tokens` that this one-row batch does not hold yet; whether it now holds them
-        all (a prompt prefilled a chunk at a time)."""
+        all (a prompt prefilled a chunk at a time). `read_hidden` (see `target.hidden_reader`): the hidden states
+        of what ran are appended to `hidden`, (n, H) a chunk."""
         done = int(self.offsets[0])
         if done < len(tokens):
             part = tokens[done:done + chunk]
             self.forward(mx.array([part], dtype=mx.int32), [len(part)])
-            mx.eval([c.state for c in self.caches])
+            self.hidden += [read_hidden()[0]] if read_hidden else []
+            mx.eval([c.state for c in self.caches], self.hidden[-1:])
         return done + chunk >= len(tokens)
 
     @staticmethod
     def problem(model) -> str | None:
         """Why this model's caches cannot be batched here (None when they can)."""
-        kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache}
+        kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) not in (KVCache, RotatingKVCache)}
+        if kinds == {"ArraysCache"} and qwen3_5.install(model):  # Gated DeltaNet layers
+            return None
         return f"its {', '.join(sorted(kinds))} caches are not batched yet" if kinds else None
 
     @property
@@ -108,30 +127,61 @@ class RaggedBatch:
     def mark(self) -> None:
         """Start a round: `keep` then says what stays of every forward since."""
         self.marked = self.columns
+        for cache in self.recurrent:
+            cache.release()
+            cache.capture = True
+        self.states = [[0] for _ in range(self.size)] if self.recurrent else None
 
     def forward(self, tokens: mx.array, lengths: list[int]) -> mx.array:
-        """Run `tokens` (B, n) after what each row holds: row i's first `lengths[i]` inputs are real, the rest
-        padding (never seen by real inputs, masked out after). Returns logits (B, n, V); lazy."""
-        b, n = tokens.shape
+        """Run `tokens` (B, n) after what each row holds (or inputs (B, n, D) of a model that takes vectors): row
+        i's first `lengths[i]` inputs are real, the rest padding (never seen by real inputs, masked out after).
+        Returns the model's output, logits (B, n, V); lazy."""
+        b, n = tokens.shape[:2]
+        if self.states is not None:
+            self._resume_recurrent()
         if self.columns + n > self.capacity:
             self._make_room(n)
         mask = np.zeros((b, 1, n, self.columns + n), dtype=bool)
         mask[:, 0, :, :self.columns] = self.valid[:, None, :self.columns]
         mask[:, 0, :, self.columns:] = np.tril(np.ones((n, n), dtype=bool))
         self.mask, self.positions = mx.array(mask), mx.array(self.offsets.astype(np.int32))
+        self._windows = {}
         try:
             logits = self.model(tokens, cache=self.caches)
         finally:
-            self.mask = self.positions = None
+            self.mask = self.positions = self._windows = None
+        if self.states is not None:
+            base = len(self.recurrent[0].saved) - 1 - n
+            for row, length in enumerate(lengths):
+                self.states[row] += range(base + 1, base + 1 + length)
         grown = np.zeros((b, self.columns + n), dtype=bool)
         grown[:, :self.columns] = self.valid[:, :self.columns]
         grown[:, self.columns:] = np.arange(n)[None, :] < np.array(lengths)[:, None]
         self.valid, self.columns = grown, self.columns + n
         return logits
 
+    def window_mask(self, window: int) -> mx.array:
+        """The forward's mask for a sliding-window layer: also hidden, per row, the columns at or beyond `window`
+        positions before each query's own."""
+        if window not in self._windows:
+            n = self.mask.shape[2]
+            held = np.cumsum(self.valid[:, :self.columns], axis=1) - 1  # (B, columns) each column's position
+            queries = self.offsets[:, None] + np.arange(n)[None, :]  # (B, n)
+            recent = np.ones((self.size, n, self.columns + n), dtype=bool)
+            recent[:, :, :self.columns] = queries[:, :, None] - held[:, None, :] < window
+            recent[:, :, self.columns:] = (np.arange(n)[:, None] - np.arange(n)[None, :] < window)[None]
+            self._windows[window] = self.mask & mx.array(recent[:, None])
+        return self._windows[window]
+
     def keep(self, kept: list[int]) -> None:
         """Of the real inputs each row ran since `mark`, row i keeps its first kept[i]; the columns every row
-        dropped are written over next."""
+        dropped are written over next. Recurrent layers take each row's state after its last kept input."""
+        if self.states is not None:
+            self._set_recurrent([states[count] for states, count in zip(self.states, kept)])
+            for cache in self.recurrent:
+                cache.release()
+                cache.capture = False
+            self.states = None
         end = self.marked
         for row, count in enumerate(kept):
             new = np.flatnonzero(self.valid[row, self.marked:]) + self.marked
@@ -140,11 +190,34 @@ class RaggedBatch:
         self.columns, self.marked = end, None
         self.valid = self.valid[:, :end]
 
+    def _set_recurrent(self, saved: list[int]) -> None:
+        """Give row i of every recurrent layer the state it kept at saved[i]."""
+        for cache in self.recurrent:
+            if len(set(saved)) == 1:
+                cache.cache[0], cache.cache[1] = cache.saved[saved[0]]
+            else:
+                cache.cache[0], cache.cache[1] = (mx.concatenate([cache.saved[index][part][row:row + 1]
+                                                                  for row, index in enumerate(saved)])
+                                                  for part in (0, 1))
+
+    def _resume_recurrent(self) -> None:
+        """Before a forward within a round: a row padded by the last forward goes back to its state after its last
+        real input (kept as a state of its own, so that the saved states stay in step with the inputs)."""
+        newest = len(self.recurrent[0].saved) - 1
+        if all(states[-1] == newest for states in self.states):
+            return
+        self._set_recurrent([states[-1] for states in self.states])
+        for cache in self.recurrent:
+            cache.saved.append((cache.cache[0], cache.cache[1]))
+
     def select(self, rows: list[int]) -> None:
         """Keep only `rows` (indices), in that order: finished sequences leave."""
         index = mx.array(rows, dtype=mx.int32)
         for cache in self.caches:
-            if cache.keys is not None:
+            if isinstance(cache, RecurrentCache):
+                cache.cache = [c[index] if c is not None and rows else None for c in cache.cache]
+                cache.release()
+            elif cache.keys is not None:
                 cache.keys, cache.values = cache.keys[index], cache.values[index]
         self.valid = self.valid[rows]
         if not rows:
@@ -156,12 +229,15 @@ class RaggedBatch:
         width = max(self.columns, other.columns)
         sides = [(self, width - self.columns), (other, width - other.columns)]
         for mine, theirs in zip(self.caches, other.caches):
-            like = mine.keys if mine.keys is not None else theirs.keys
-            if like is None:
+            if isinstance(mine, RecurrentCache):
+                mine.cache = [_stack_rows(a, self.size, b, other.size) for a, b in zip(mine.cache, theirs.cache)]
+                mine.release()
+                continue
+            if mine.keys is None and theirs.keys is None:
                 continue  # nothing cached yet on either side (one-token prompts)
             stacked = []
-            for which in ("keys", "values"):
-                parts = []
+            for which in ("keys", "values"):  # of their own widths (MLA's differ)
+                parts, like = [], getattr(mine if mine.keys is not None else theirs, which)
                 for (batch, pad), cache in zip(sides, (mine, theirs)):
                     buffer = getattr(cache, which)
                     if buffer is None:
@@ -194,7 +270,7 @@ class RaggedBatch:
             valid[row, width - count:] = True
         gather = mx.array(index)[:, None, :, None]
         for cache in self.caches:
-            if cache.keys is not None:
+            if isinstance(cache, RaggedKVCache) and cache.keys is not None:
                 cache.keys = mx.take_along_axis(cache.keys, gather, axis=2)
                 cache.values = mx.take_along_axis(cache.values, gather, axis=2)
         self.valid, self.columns, self.capacity = valid, width, width
@@ -205,3 +281,14 @@ def _shift(buffer: mx.array, pad: int) -> mx.array:
     if not pad:
         return buffer
     return mx.concatenate([mx.zeros((*buffer.shape[:2], pad, buffer.shape[3]), buffer.dtype), buffer], axis=2)
+
+
+def _stack_rows(mine: mx.array | None, rows: int, theirs: mx.array | None, their_rows: int) -> mx.array | None:
+    """Two batches' recurrent arrays, one above the other; a side that has run nothing yet holds zeros (the
+    state a Gated DeltaNet layer starts from)."""
+    if mine is None and theirs is None:
+        return None
+    like = mine if mine is not None else theirs
+    mine = mine if mine is not None else mx.zeros((rows, *like.shape[1:]), like.dtype)
+    theirs = theirs if theirs is not None else mx.zeros((their_rows, *like.shape[1:]), like.dtype)
+    return mx.concatenate([mine, theirs])

@@ -56,16 +56,16 @@ def tap(module, call) -> None:
 
 
 def hidden_reader(model, hidden: str | list[int]):
-    """A function returning, after a forward, the hidden states a drafter reads (n, H'): "post" / "pre" the
+    """A function returning, after a forward, the hidden states a drafter reads (B, n, H'): "post" / "pre" the
     final norm's output / input, or a list of layer indices: the inputs of those layers, concatenated."""
     if isinstance(hidden, str):
         norm = compat.final_norm(model)
         tap(norm, _tapped_norm_call)
-        return lambda: norm.tapped[1 if hidden == "post" else 0][0]
+        return lambda: norm.tapped[1 if hidden == "post" else 0]
     layers = [compat.decoder_layers(model)[i] for i in hidden]
     for layer in layers:
         tap(layer, _tapped_layer_call)
-    return lambda: mx.concatenate([layer.tapped[0] for layer in layers], axis=-1)
+    return lambda: mx.concatenate([layer.tapped for layer in layers], axis=-1)
 
 
 class Target:
@@ -119,7 +119,7 @@ class Target:
                 raise SpecError(f"this model cannot verify a token tree: {problem}")
             with tree_forward(self.cache, attend, positions):
                 logits = self.model(tokens[None], cache=self.cache)[0]
-        return Step(logits, self.read_hidden() if self.read_hidden else None)
+        return Step(logits, self.read_hidden()[0] if self.read_hidden else None)
 
     def reusable(self, cached: list[int], tokens: list[int]) -> int:
         """How many leading cached positions (`cached`: what the cache holds, or less when unknown) can stay for

@@ -6,7 +6,8 @@
 For each model (float32, from scripts/real_models.py, or "demo": the built-in one) and batch size B, on the demo's
 held-out code prompts (max(8, B) of them, every one made to write exactly --tokens tokens), interleaved in one
 process: mlx-lm `batch_generate` (completion and prefill batch size B), mlx-spec batched with drafting off, and
-mlx-spec batched with the adaptive policy per batch size for each drafter (n-gram; the draft model when given).
+mlx-spec batched with the adaptive policy per batch size for each drafter (n-gram; the checkpoint's MTP layer when
+it has one, as the demo does; the draft model when given).
 Prints total tokens/s (every token generated over the whole wall time, prefills included), the ratio to mlx-lm
 batched, acceptance, and how many outputs equal mlx-spec's own one-at-a-time plain decoding; then whether the
 machine was quiet enough to trust the figures.
@@ -59,6 +60,9 @@ def main() -> int:
             print(f"\n{model}: not benchmarked: {problem}")
             continue
         contenders = {"mlx-spec, drafting off": plain, "mlx-spec, ngram": plain.with_drafter("ngram")}
+        if "mtp" in plain.drafters:
+            contenders["mlx-spec, mtp"] = plain.with_drafter("mtp")
+            contenders["mlx-spec, mtp"].pin(None)
         if args.draft_model and model != args.draft_model:
             draft = mlx_spec.load(str(path) if path else None, draft_model=str(real_models.mlx_dir(args.draft_model)),
                                   drafter="draft-model", draft_len=None)

@@ -84,6 +84,30 @@ def test_concurrent_clients_get_their_own_answers(server):
     assert max(size for _, size in answers) > 1  # they were decoded together (the server's default batch)
 
 
+def test_pinned_requests_share_a_batch_each_with_its_own_draft_length(server):
+    """Concurrent requests pinning different draft lengths (none, 1, 3, or the policy's) decode together, and each
+    row drafts as it does alone with its pin: the same text, drafted and accepted counts."""
+    url, model = server
+    api, pins = client(url), [0, 1, 3, None] * 2
+
+    def ask(i):
+        answer = api.completions.create(model=model, prompt=f"{PROMPT}# {i}\n", max_tokens=16,
+                                        extra_body={} if pins[i] is None else {"num_draft": pins[i]})
+        return answer.choices[0].text, answer.usage.model_dump()
+
+    alone = [ask(i) for i in range(len(pins))]
+    with ThreadPoolExecutor(len(pins)) as pool:
+        together = list(pool.map(ask, range(len(pins))))
+    assert [text for text, _ in together] == [text for text, _ in alone]
+    assert max(usage["batch_size"] for pin, (_, usage) in zip(pins, together) if pin is not None) > 1
+    for pin, (_, usage), (_, usage_alone) in zip(pins, together, alone):
+        if pin is not None:
+            assert (usage["draft_n"], usage["draft_n_accepted"]) == (usage_alone["draft_n"],
+                                                                     usage_alone["draft_n_accepted"]), pin
+    assert all(usage["draft_n"] == 0 for pin, (_, usage) in zip(pins, together) if pin == 0)
+    assert any(usage["draft_n_accepted"] > 0 for _, usage in together)
+
+
 def test_a_batch_size_of_one_decodes_one_at_a_time(tiny):
     proc, url = start_server(tiny, "--batch-size", "1")
     try:
@@ -237,6 +261,6 @@ def test_a_request_past_the_timeout_ends_with_504(tiny):
 def test_serve_refuses_bad_options(tiny):
     proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--port", "70000")
     assert proc.returncode == 2 and "--port must be from 0 to 65535" in proc.stderr
-    proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--mtp-path", str(tiny["qwen3-mtp-head"]),
+    proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-medusa"]),
                    "--batch-size", "2")
     assert_one_line_error(proc, "--batch-size 2", "does not draft in batches", "--batch-size 1")

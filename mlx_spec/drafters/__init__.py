@@ -77,8 +77,9 @@ class RowDrafters:
     def __init__(self, name: str, make: Callable[[], Drafter]):
         self.name, self.make, self.rows = name, make, []
 
-    def join(self, context: list[int]) -> None:
-        """A row at the end of the batch, whose tokens so far are `context`."""
+    def join(self, context: list[int], hidden=None) -> None:
+        """A row at the end of the batch, whose tokens so far are `context` (`hidden`: the target's states over
+        all but its last token, for drafters that read them)."""
         self.rows.append(self.make())
         self.rows[-1].begin(context, Step(None))
 
@@ -90,7 +91,7 @@ class RowDrafters:
         return [drafter.propose(context, k, p, key) if k else Draft.empty()
                 for drafter, context, k, p, key in zip(self.rows, contexts, lengths, params, keys)]
 
-    def accept(self, contexts: list[list[int]], accepted: list[int]) -> None:
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None) -> None:
         for drafter, context, count in zip(self.rows, contexts, accepted):
             drafter.accept(context, count, Step(None))
 
@@ -111,6 +112,32 @@ def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.arr
         if i < k - 1:
             logits = next_logits(tokens[-1])
     return Draft(mx.concatenate(tokens).astype(mx.int32), mx.concatenate(dists) if dists else None)
+
+
+def draft_batch(logits: mx.array, next_logits: Callable[[mx.array], mx.array], contexts: list[list[int]],
+                lengths: list[int], params: list[SamplingParams], keys: list[mx.array]) -> list[Draft]:
+    """Row i's chain of lengths[i] tokens from a model that drafts one step for a whole batch at a time, each row
+    as `draft_autoregressively` drafts alone (its own sampling settings and keys): `logits` (B, V) scores every
+    row's first draft, `next_logits(column)` feeds each row's newest token (B,) (0 for a row that is done) and
+    scores the next. Lazy."""
+    longest = max(lengths)
+    tokens, dists = [[] for _ in contexts], [[] for _ in contexts]
+    step_keys = [mx.random.split(key, k) if k else None for key, k in zip(keys, lengths)]
+    for j in range(longest):
+        column = []
+        for row, (context, k, p) in enumerate(zip(contexts, lengths, params)):
+            if j < k:
+                drafted = mx.concatenate(tokens[row]) if tokens[row] else None
+                if p.greedy:  # deterministic draft: q is one-hot, so none is kept
+                    tokens[row].append(greedy_tokens(logits[row:row + 1], p, context, drafted, start=j))
+                else:
+                    dists[row].append(distributions(logits[row:row + 1], p, context, drafted, start=j))
+                    tokens[row].append(sample(dists[row][-1], step_keys[row][j]))
+            column.append(tokens[row][-1] if j < k else mx.zeros((1,), dtype=mx.int32))
+        if j < longest - 1:
+            logits = next_logits(mx.concatenate(column).astype(mx.int32))
+    return [Draft(mx.concatenate(t).astype(mx.int32), mx.concatenate(d) if d else None) if t else Draft.empty()
+            for t, d in zip(tokens, dists)]
 
 
 def grow_tree(logits: mx.array, depth: int, width: int, score: Callable) -> tuple[Draft, dict[int, int]]:

@@ -7,9 +7,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..ragged import RaggedBatch
-from ..sampling import SamplingParams, distributions, greedy_tokens, sample
+from ..sampling import SamplingParams
 from ..target import Step, Target
-from . import Draft, draft_autoregressively, grow_tree
+from . import Draft, draft_autoregressively, draft_batch, grow_tree
 
 
 class DraftModelDrafter:
@@ -28,6 +28,10 @@ class DraftModelDrafter:
     def batched(self) -> "BatchedDraftModel":
         """Drafting for a batch: every row's draft step in one forward of the draft model, chains."""
         return BatchedDraftModel(self.weights, self.vocab_size)
+
+    def batch_problem(self) -> str | None:
+        """Why the draft model cannot draft for a batch (None when it can)."""
+        return RaggedBatch.problem(self.weights)
 
     @property
     def caches(self) -> list:
@@ -95,7 +99,7 @@ class BatchedDraftModel:
         self.model, self.vocab_size = model, vocab_size
         self.batch, self.fed = RaggedBatch(model), None
 
-    def join(self, context: list[int]) -> None:
+    def join(self, context: list[int], hidden=None) -> None:
         self.batch.join(RaggedBatch.prefilled(self.model, context[:-1]))
 
     def select(self, rows: list[int]) -> None:
@@ -114,26 +118,13 @@ class BatchedDraftModel:
         logits = self.batch.forward(mx.array(inputs), [len(t) for t in tails])
         logits = fit_vocabulary(logits[mx.arange(len(tails)), mx.array([len(t) - 1 for t in tails])], self.vocab_size)
         self.fed, self.longest = [len(t) for t in tails], longest
-        tokens, dists = [[] for _ in tails], [[] for _ in tails]
-        step_keys = [mx.random.split(key, k) if k else None for key, k in zip(keys, lengths)]
-        for j in range(longest):
-            column = []
-            for row, (context, k, p) in enumerate(zip(contexts, lengths, params)):
-                if j < k:
-                    drafted = mx.concatenate(tokens[row]) if tokens[row] else None
-                    if p.greedy:  # deterministic draft: q is one-hot, so none is kept
-                        tokens[row].append(greedy_tokens(logits[row:row + 1], p, context, drafted, start=j))
-                    else:
-                        dists[row].append(distributions(logits[row:row + 1], p, context, drafted, start=j))
-                        tokens[row].append(sample(dists[row][-1], step_keys[row][j]))
-                column.append(tokens[row][-1] if j < k else mx.zeros((1,), dtype=mx.int32))
-            if j < longest - 1:
-                step = self.batch.forward(mx.concatenate(column).astype(mx.int32)[:, None], [1] * len(tails))
-                logits = fit_vocabulary(step[:, 0], self.vocab_size)
-        return [Draft(mx.concatenate(t).astype(mx.int32), mx.concatenate(d) if d else None) if t else Draft.empty()
-                for t, d in zip(tokens, dists)]
 
-    def accept(self, contexts: list[list[int]], accepted: list[int]) -> None:
+        def next_logits(column: mx.array) -> mx.array:
+            return fit_vocabulary(self.batch.forward(column[:, None], [1] * len(tails))[:, 0], self.vocab_size)
+
+        return draft_batch(logits, next_logits, contexts, lengths, params, keys)
+
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None) -> None:
         """Keep each row's fed tail and its accepted drafts that were fed (the last draft never is)."""
         if self.fed is None:
             return  # a round without drafting: the rows' tails wait for the next draft

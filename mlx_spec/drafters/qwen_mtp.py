@@ -6,16 +6,19 @@ layer's own post-norm output. After verification the draft-time rows are dropped
 accepted tokens and the target's own next token are rebuilt from the target's verified hidden states when the
 next draft is asked for, in one batched forward however many rounds ran without drafting (the policy's
 "off": no MTP work per round then). EAGLE-3 heads keep their rows the same way (drafters/eagle3.py).
+`BatchedMTP` does the same for a batch: every row's rows in one RaggedBatch, built and drafted together.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 
 from ..caches import make_caches, rollback
+from ..ragged import RaggedBatch
 from ..sampling import SamplingParams
 from ..target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
-from . import Draft, draft_autoregressively
+from . import Draft, draft_autoregressively, draft_batch
 
 
 class MTPDrafter:
@@ -29,6 +32,10 @@ class MTPDrafter:
         self.pending: list[tuple[list[int], mx.array]] = []  # verified (tokens, hidden) without rows yet
         self.embed, self.head = embed, head
         self.last_hidden = None  # the target's hidden state at the last position of its cache
+
+    def batched(self) -> "BatchedMTP":
+        """Drafting for a batch: every row's rows and draft steps in one forward of the layer, chains."""
+        return BatchedMTP(self)
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         """Rows for every prompt position; when the target reused a cached prefix (it only extends its cache
@@ -83,3 +90,87 @@ class MTPDrafter:
             self.draft_rows = 0
         self.pending.append((context[-(accepted + 1):], step.hidden))
         self.last_hidden = step.hidden[-1:]
+
+
+class MTPRows:
+    """The layer as a RaggedBatch runs a model: inputs (B, n, E + H) are each row's token embedding and hidden
+    state side by side (E: the embedding's width)."""
+
+    def __init__(self, drafter: MTPDrafter):
+        self.drafter, self.split = drafter, None
+
+    def make_cache(self) -> list:
+        return make_prompt_cache(self.drafter.mtp)
+
+    def inputs(self, tokens: list[int] | mx.array, hidden: mx.array) -> mx.array:
+        """(n, E + H): embed(tokens[i]) beside hidden[i]."""
+        tokens = mx.array(tokens, dtype=mx.int32) if isinstance(tokens, list) else tokens
+        embeddings = self.drafter.embed(tokens)
+        self.split = embeddings.shape[-1]
+        return mx.concatenate([embeddings, hidden.astype(embeddings.dtype)], axis=-1)
+
+    def __call__(self, inputs: mx.array, cache: list) -> mx.array:
+        return self.drafter.mtp(inputs[..., :self.split], inputs[..., self.split:], cache)
+
+
+class BatchedMTP:
+    """The MTP layer (or head) drafting for a whole batch (`BatchedDecoder`), row by row as `MTPDrafter` drafts
+    alone: the rows of the positions a sequence verified since it last drafted are built when it drafts next
+    (one forward for the batch, each row its own count, padded), each draft step feeds every row's drafted token
+    with the layer's own output, and after verification the draft steps' rows are dropped (`RaggedBatch.keep`).
+    The decoder hands it the target's hidden states: the prompt's at `join`, each round's at `accept`."""
+
+    def __init__(self, drafter: MTPDrafter):
+        self.name, self.head, self.rows = drafter.name, drafter.head, MTPRows(drafter)
+        self.batch = RaggedBatch(self.rows)
+        self.pending: list[list[tuple[list[int], mx.array]]] = []  # per row: verified (tokens, hidden), no rows yet
+        self.built = None  # after a draft: how many rows each row built for verified positions
+
+    def join(self, context: list[int], hidden: mx.array | None) -> None:
+        """A row whose prompt is `context`; `hidden` (len(context) - 1, H): the target's states over all but its
+        last token. Its rows are built now but the last, which scores its first draft."""
+        alone, rows = RaggedBatch(self.rows, rows=1), len(context) - 2
+        for start in range(0, rows, PREFILL_CHUNK):
+            end = min(start + PREFILL_CHUNK, rows)
+            alone.forward(self.rows.inputs(context[start + 1:end + 1], hidden[start:end])[None], [end - start])
+            mx.eval([c.state for c in alone.caches])
+        self.batch.join(alone)
+        self.pending.append([(context[-1:], hidden[-1:])] if len(context) > 1 else [])
+
+    def select(self, rows: list[int]) -> None:
+        self.batch.select(rows)
+        self.pending = [self.pending[i] for i in rows]
+
+    def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
+                keys: list[mx.array]) -> list[Draft]:
+        counts = [sum(len(tokens) for tokens, _ in pending) for pending in self.pending]
+        lengths = [k if count else 0 for k, count in zip(lengths, counts)]  # a one-token prompt has no row yet
+        longest, self.built = max(lengths), None
+        if longest == 0:
+            return [Draft.empty() for _ in contexts]
+        width, built = max(counts), [self.rows.inputs([t for tokens, _ in pending for t in tokens],
+                                                       mx.concatenate([hidden for _, hidden in pending]))
+                                       if pending else None for pending in self.pending]
+        like = next(rows for rows in built if rows is not None)
+        inputs = mx.stack([mx.pad(rows, [(0, width - count), (0, 0)]) if rows is not None
+                           else mx.zeros((width, like.shape[-1]), like.dtype) for rows, count in zip(built, counts)])
+        self.batch.mark()
+        out = self.batch.forward(inputs, counts)
+        self.built, self.pending = counts, [[] for _ in contexts]
+        hidden = out[mx.arange(len(counts)), mx.array([max(0, count - 1) for count in counts])]
+
+        def next_logits(column: mx.array) -> mx.array:
+            nonlocal hidden
+            hidden = self.batch.forward(self.rows.inputs(column, hidden)[:, None], [1] * len(column))[:, 0]
+            return self.head(hidden)
+
+        return draft_batch(self.head(hidden), next_logits, contexts, lengths, params, keys)
+
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array) -> None:
+        """Drop the draft steps' rows; each row's accepted drafts and the target's next token wait for rows
+        (`hidden` (B, n, H): the target's states over the round's inputs)."""
+        if self.built is not None:
+            self.batch.keep(self.built)
+            self.built = None
+        for row, (context, count) in enumerate(zip(contexts, accepted)):
+            self.pending[row].append((context[-(count + 1):], hidden[row, :count + 1]))
