@@ -73,7 +73,10 @@ def batch_problem(model, drafter=None, kv_bits: int | None = None) -> str | None
     if kv_bits:
         return "a quantized KV cache (--kv-bits) is not batched yet"
     if drafter is not None and getattr(drafter, "batched", None) is None:
-        return f"the {drafter.name} drafter does not draft in batches yet (ngram, draft-model, mtp and off do)"
+        return (f"the {drafter.name} drafter does not draft in batches yet (n-gram, draft models, MTP layers and "
+                "heads, EAGLE-3 and Medusa heads do)")
+    if drafter is not None and getattr(drafter, "width", 1) > 1:
+        return f"the {drafter.name} drafter proposes token trees, which are not drafted in batches: use --tree-width 1"
     if drafter is not None and hasattr(drafter, "batch_problem") and (problem := drafter.batch_problem()):
         return f"the {drafter.name} drafter cannot draft in batches: {problem}"
     return None

@@ -63,6 +63,7 @@ def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_
     ("qwen3", {"mtp_path": "qwen3-mtp-head"}),  # a trained head
     ("glm4_moe", {"drafter": "mtp"}),  # a nextn layer
     ("qwen3", {"draft_model": "qwen3-eagle3"}),  # an EAGLE-3 head, chains
+    ("qwen3", {"draft_model": "qwen3-medusa"}),  # Medusa heads, chains
 ])
 def test_hidden_state_drafters_draft_in_a_batch_as_alone(tiny, target, options):
     """With a pinned draft length every row runs the rounds it runs alone, so a drafter that reads the target's
@@ -170,13 +171,15 @@ def test_sampled_batches_follow_the_target(tiny):
 
 
 def test_drafters_and_caches_that_cannot_batch_are_refused(tiny):
-    heads = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-medusa"]))
-    assert "the medusa drafter does not draft in batches" in heads.batch_problem()
+    lookahead = mlx_spec.load(str(tiny["qwen3"]), drafter="lookahead")
+    assert "the lookahead drafter does not draft in batches" in lookahead.batch_problem()
     with pytest.raises(SpecError, match="use a batch size of 1"):
-        list(heads.generate_many(jobs_for(heads)[:2], 2))
-    assert list(heads.generate_many(jobs_for(heads)[:1], 1))[0][1].tokens  # one at a time still works
-    tree = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-eagle3"]), tree_width=2)
-    assert "a token tree (--tree-width) is not drafted in batches" in tree.batch_problem()
+        list(lookahead.generate_many(jobs_for(lookahead)[:2], 2))
+    assert list(lookahead.generate_many(jobs_for(lookahead)[:1], 1))[0][1].tokens  # one at a time still works
+    for tree in ("qwen3-eagle3", "qwen3-medusa", "qwen3-draft", None):  # None: n-gram trees
+        engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=tree and str(tiny[tree]), tree_width=2,
+                               drafter="draft-model" if tree else "ngram")
+        assert "token trees, which are not drafted in batches: use --tree-width 1" in engine.batch_problem(), tree
     assert "--kv-bits" in mlx_spec.load(str(tiny["qwen3"]), drafter="ngram", kv_bits=8,
                                          kv_group_size=32).batch_problem()
     for family in ("qwen3", "gemma3", "qwen3_5"):  # full attention, sliding windows, Gated DeltaNet
@@ -197,12 +200,12 @@ def test_batch_cli_sizes_and_refusals(tiny, tmp_path):
         assert proc.returncode == 0, proc.stderr
         outputs[size] = {r["id"]: r["text"] for r in map(json.loads, out.read_text().splitlines())}
     assert outputs["1"] == outputs["3"] and len(outputs["1"]) == len(TEXTS)
-    heads = ["--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-medusa"]), "--quiet"]
-    proc = run_cli("batch", str(requests), "-o", str(tmp_path / "heads.jsonl"), *heads, "--batch-size", "2")
+    lookahead = ["--model", str(tiny["qwen3"]), "--drafter", "lookahead", "--quiet"]
+    proc = run_cli("batch", str(requests), "-o", str(tmp_path / "la.jsonl"), *lookahead, "--batch-size", "2")
     assert_one_line_error(proc, "--batch-size 2", "does not draft in batches", "--batch-size 1")
-    assert not (tmp_path / "heads.jsonl").exists() or not (tmp_path / "heads.jsonl").read_text()
-    proc = run_cli("batch", str(requests), "-o", str(tmp_path / "heads.jsonl"), *heads)  # default: told, one at a time
-    assert proc.returncode == 0 and "batch: one request at a time: the medusa drafter" in proc.stderr
+    assert not (tmp_path / "la.jsonl").exists() or not (tmp_path / "la.jsonl").read_text()
+    proc = run_cli("batch", str(requests), "-o", str(tmp_path / "la.jsonl"), *lookahead)  # default: told, one at a time
+    assert proc.returncode == 0 and "batch: one request at a time: the lookahead drafter" in proc.stderr
     proc = run_cli("batch", str(requests), "-o", str(tmp_path / "zero.jsonl"), "--model", str(tiny["qwen3"]),
                    "--batch-size", "0")
     assert_one_line_error(proc, "--batch-size must be a whole number >= 1")

@@ -261,6 +261,5 @@ def test_a_request_past_the_timeout_ends_with_504(tiny):
 def test_serve_refuses_bad_options(tiny):
     proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--port", "70000")
     assert proc.returncode == 2 and "--port must be from 0 to 65535" in proc.stderr
-    proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-medusa"]),
-                   "--batch-size", "2")
+    proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--drafter", "lookahead", "--batch-size", "2")
     assert_one_line_error(proc, "--batch-size 2", "does not draft in batches", "--batch-size 1")

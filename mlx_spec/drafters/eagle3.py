@@ -29,9 +29,6 @@ class Eagle3Drafter(MTPDrafter):
         compat.positioned_ropes(head)  # tree levels put several nodes at one position
         self.width = 1
 
-    def batch_problem(self) -> str | None:
-        return "a token tree (--tree-width) is not drafted in batches" if self.width > 1 else None
-
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
         if self.width == 1 or k == 0:
             return super().propose(context, k, params, key)

@@ -5,7 +5,7 @@ Head i over the hidden state of the position whose target logits gave the contex
 draft at position i + 1. A chain takes each head's top token; with `width` > 1 a tree adds, at every depth,
 the `width` - 1 next-best tokens of that head as siblings of the chain's node (Medusa's candidate trees are
 built from the heads' top-k the same way). Drafts are deterministic (one-hot q), which keeps verification
-exact at every temperature.
+exact at every temperature. `BatchedMedusa` drafts chains for a batch: every row's heads in one call.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ class MedusaDrafter:
         self.width = 1
         self.hidden: mx.array | None = None
 
+    def batched(self) -> "BatchedMedusa":
+        return BatchedMedusa(self.heads)
+
     def begin(self, context: list[int], prompt_step: Step) -> None:
         hidden = prompt_step.hidden
         self.hidden = hidden[-1:] if hidden is not None and hidden.shape[0] else None
@@ -46,3 +49,33 @@ class MedusaDrafter:
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         self.hidden = step.hidden[-1:]
+
+
+class BatchedMedusa:
+    """Medusa heads drafting chains for a batch (`BatchedDecoder`), each row from its own last verified hidden
+    state as alone."""
+
+    name = "medusa"
+
+    def __init__(self, heads: MedusaHeads):
+        self.heads, self.hidden = heads, []  # per row: (1, H), or None before its first verified position
+
+    def join(self, context: list[int], hidden: mx.array | None) -> None:
+        self.hidden.append(hidden[-1:] if hidden is not None and hidden.shape[0] else None)
+
+    def select(self, rows: list[int]) -> None:
+        self.hidden = [self.hidden[i] for i in rows]
+
+    def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
+                keys: list[mx.array]) -> list[Draft]:
+        lengths = [min(k, len(self.heads.heads)) if h is not None else 0 for k, h in zip(lengths, self.hidden)]
+        if max(lengths) == 0:
+            return [Draft.empty() for _ in contexts]
+        like = next(h for h in self.hidden if h is not None)
+        hidden = mx.concatenate([h if h is not None else mx.zeros_like(like) for h in self.hidden])
+        tokens = mx.stack([mx.argmax(head(hidden), axis=-1) for head in self.heads.heads[:max(lengths)]], axis=1)
+        return [Draft(tokens[row, :k].astype(mx.int32)) if k else Draft.empty() for row, k in enumerate(lengths)]
+
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array) -> None:
+        """Each row's hidden state at its last kept input (the one that scored the target's next token)."""
+        self.hidden = [hidden[row, count:count + 1] for row, count in enumerate(accepted)]
