@@ -66,12 +66,10 @@ class Row:
         return [Text(tail)] * bool(tail) + [Done(self.stop_reason, self.text.text, self.generated, self.stats)]
 
 
-def batch_problem(model, drafter=None, kv_bits: int | None = None) -> str | None:
+def batch_problem(model, drafter=None) -> str | None:
     """Why this model and drafter decode one sequence at a time (None: they can be batched)."""
     if problem := RaggedBatch.problem(model):
         return f"batched decoding is not available for this model ({problem})"
-    if kv_bits:
-        return "a quantized KV cache (--kv-bits) is not batched yet"
     if drafter is not None and getattr(drafter, "batched", None) is None:
         return (f"the {drafter.name} drafter does not draft in batches yet (n-gram, draft models, MTP layers and "
                 "heads, EAGLE-3 and Medusa heads do)")
@@ -82,10 +80,11 @@ def batch_problem(model, drafter=None, kv_bits: int | None = None) -> str | None
     return None
 
 
-def largest_batch(model, tokens_per_row: int, available: int) -> int:
+def largest_batch(model, tokens_per_row: int, available: int, kv_bits: int | None = None,
+                  kv_group_size: int = 64) -> int:
     """The most rows (up to MAX_BATCH) whose caches, `tokens_per_row` positions each, fit in half of `available`
     bytes: the KV bytes per position and the recurrent states' bytes per row measured on a one-token forward."""
-    probe = RaggedBatch(model, rows=1)
+    probe = RaggedBatch(model, rows=1, kv_bits=kv_bits, kv_group_size=kv_group_size)
     probe.forward(mx.array([[0]], dtype=mx.int32), [1])
     per_position = sum(c.nbytes for c in probe.caches if isinstance(c, RaggedKVCache)) / probe.capacity
     per_row = per_position * tokens_per_row + sum(c.nbytes for c in probe.recurrent)
@@ -94,15 +93,16 @@ def largest_batch(model, tokens_per_row: int, available: int) -> int:
 
 class BatchedDecoder:
     def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4,
-                 read_hidden=None):
+                 read_hidden=None, kv_bits: int | None = None, kv_group_size: int = 64):
         """drafter: one whose `batched()` drafts for a batch (None: plain batched decoding); draft_len: pinned,
         or None for the adaptive policy per batch size; read_hidden: the target's hidden states after a forward
-        (`target.hidden_reader`), for drafters that read them."""
+        (`target.hidden_reader`), for drafters that read them; kv_bits: the target's keys and values quantized."""
         if problem := batch_problem(model, drafter):
             raise SpecError(f"{problem}: use a batch size of 1")
         compat.check_batches()
         drafter = drafter if draft_len != 0 else None
         self.model, self.tokenizer = model, tokenizer
+        self.kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size}
         self.make_drafters = drafter.batched if drafter else None
         self.read_hidden = read_hidden if drafter else None
         self.policy = (BatchDraftLength(max_draft_len) if draft_len is None and drafter
@@ -125,7 +125,7 @@ class BatchedDecoder:
         room), at most `batch_size` at a time, until none is left; yields (key, event): each row's Round, Token,
         Text and Done events as the engine's `stream` does. `should_stop(key)` ends a row after this round with
         stop reason "stopped". The batch's rows are `rows`, in order."""
-        rows, joining, batch = [], deque(), RaggedBatch(self.model)
+        rows, joining, batch = [], deque(), RaggedBatch(self.model, **self.kv)
         drafters = self.make_drafters() if self.make_drafters else None
         while True:
             while len(rows) + len(joining) < batch_size and (item := take()) is not None:
@@ -156,7 +156,7 @@ class BatchedDecoder:
         decoding = bool(rows)
         while joining:
             row = joining[0]
-            row.prefill = row.prefill or RaggedBatch(self.model, rows=1)
+            row.prefill = row.prefill or RaggedBatch(self.model, rows=1, **self.kv)
             if row.prefill.extend(row.job.prompt[:-1], PREFILL_CHUNK, self.read_hidden):
                 joining.popleft()
                 batch.join(row.prefill)

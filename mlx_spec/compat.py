@@ -14,8 +14,9 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
 - for token trees: attention layers that rotate with `self.rope(x, offset=cache.offset)` through
   `mx.fast.rope` (which takes one offset per batch row), and masks that come from `cache.make_mask`;
 - for batches (ragged.py): the same rotation and masks with one offset per batch row (`cache.offset` an array)
-  and a (B, 1, n, m) mask, sliding-window layers asking `make_mask` with their `window_size`,
-  `check_batches` comparing each row with the model run on it alone;
+  and a (B, 1, n, m) mask, sliding-window layers asking `make_mask` with their `window_size`, attention that
+  takes a cache with `bits` for a quantized one, `check_batches` comparing each row with the model run on it
+  alone;
 - for `--distributed`: `Model.shard(group)` (tensor parallelism) and the inner model's `pipeline(group)`
   (`split_model`), whose forward passes exchange activations so that every rank ends with the same logits, and
   the `sharding_group` a sharded Qwen3.5 GDN layer and head carry (`models/qwen3_5.py` sums and gathers as
@@ -271,6 +272,10 @@ def check_batches() -> None:
                                               vocab_size=8)))
     if not _rows_match(llama_model):
         raise broken("batched attention (rotary embeddings with one offset per row, or masks from cache.make_mask)")
+    wide = llama.Model(llama_args(dict(hidden_size=64, num_hidden_layers=1, intermediate_size=32, num_attention_heads=2,
+                                       num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=8)))
+    if not _rows_match(wide, kv_bits=8):
+        raise broken("quantized attention in batches (a cache with `bits` attended to as a QuantizedKVCache)")
     gemma = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(dict(
         model_type="gemma3_text", hidden_size=16, num_hidden_layers=2, intermediate_size=32, num_attention_heads=2,
         head_dim=8, vocab_size=8, query_pre_attn_scalar=8, sliding_window=2, sliding_window_pattern=2)))
@@ -278,18 +283,20 @@ def check_batches() -> None:
         raise broken("sliding-window attention in batches (the window no longer passed to cache.make_mask)")
 
 
-def _rows_match(model) -> bool:
-    from mlx_lm.models.cache import make_prompt_cache
+def _rows_match(model, kv_bits: int | None = None) -> bool:
+    from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
     from .ragged import RaggedBatch
 
-    rows, batch = [[1, 2, 3, 4, 5], [6, 7]], RaggedBatch(model)
+    kv = {"kv_bits": kv_bits, "kv_group_size": 32}
+    rows, batch = [[1, 2, 3, 4, 5], [6, 7]], RaggedBatch(model, **kv)
     for tokens in rows:
-        batch.join(RaggedBatch.prefilled(model, tokens[:-1]))
+        batch.join(RaggedBatch.prefilled(model, tokens[:-1], **kv))
     batch.mark()
     logits = batch.forward(mx.array([[5, 0], [7, 1]]), [1, 2])
     for row, (tokens, column) in enumerate(zip([[1, 2, 3, 4, 5], [6, 7, 1]], (0, 1))):
-        alone = model(mx.array([tokens]), cache=make_prompt_cache(model))[0, -1]
+        cache = [QuantizedKVCache(32, kv_bits) for _ in model.layers] if kv_bits else make_prompt_cache(model)
+        alone = model(mx.array([tokens]), cache=cache)[0, -1]
         if not mx.allclose(logits[row, column], alone, atol=1e-4):
             return False
     return True

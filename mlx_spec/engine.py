@@ -374,7 +374,7 @@ class Engine:
 
         if self.lockstep:
             return "batches are not decoded across distributed ranks yet"
-        return batch_problem(self.target.model, self.drafter, self.target.kv_bits)
+        return batch_problem(self.target.model, self.drafter)
 
     def largest_batch(self, tokens_per_row: int) -> int:
         """The largest batch whose caches (`tokens_per_row` positions a row) fit in half the memory available."""
@@ -382,7 +382,8 @@ class Engine:
 
         from .batched import largest_batch
 
-        return largest_batch(self.target.model, tokens_per_row, psutil.virtual_memory().available)
+        return largest_batch(self.target.model, tokens_per_row, psutil.virtual_memory().available,
+                             self.target.kv_bits, self.target.kv_group_size)
 
     def generate_many(self, jobs, batch_size: int) -> Iterator[tuple[int, Result]]:
         """Decode `jobs` (`batched.Job`s: token ids and their settings), `batch_size` at a time in one batch
@@ -410,7 +411,8 @@ class Engine:
         if problem := self.batch_problem():
             raise SpecError(f"{problem}: use a batch size of 1")
         return BatchedDecoder(self.target.model, self.tokenizer, self.drafter,
-                              getattr(self.next_policy, "pinned", None), self.max_draft_len, self.target.read_hidden)
+                              getattr(self.next_policy, "pinned", None), self.max_draft_len, self.target.read_hidden,
+                              self.target.kv_bits, self.target.kv_group_size)
 
 
 def emit(new_tokens: list[int], accepted: int, generated: list[int], text: TextStream, eos, max_tokens: int):

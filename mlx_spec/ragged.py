@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_map
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from .caches import RecurrentCache
@@ -29,24 +30,31 @@ STEP = 256  # columns added when the buffers grow
 
 
 class RaggedKVCache:
-    """One attention layer's keys and values; the layout (columns, positions, masks) is its batch's."""
+    """One attention layer's keys and values; the layout (columns, positions, masks) is its batch's. With
+    `bits`, they are kept quantized as mlx-lm's QuantizedKVCache keeps them ((data, scales, biases), each token's
+    groups on their own) and mlx-lm's attention, seeing `bits`, attends over them quantized."""
 
-    def __init__(self, batch: "RaggedBatch"):
+    def __init__(self, batch: "RaggedBatch", bits: int | None = None, group_size: int = 64):
         self.batch = batch
         self.keys = self.values = None
+        if bits:
+            self.bits, self.group_size = bits, group_size
 
     @property
     def offset(self) -> mx.array:
         return self.batch.positions  # (B,) the position of each row's first new token
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        start, end = self.batch.columns, self.batch.columns + keys.shape[2]
-        if self.keys is None or self.keys.shape[2] < self.batch.capacity:
+        if hasattr(self, "bits"):
+            keys, values = (tuple(mx.quantize(x, group_size=self.group_size, bits=self.bits)) for x in (keys, values))
+        start = self.batch.columns
+        end = start + _parts(keys)[0].shape[2]
+        if self.keys is None or _parts(self.keys)[0].shape[2] < self.batch.capacity:
             self.keys, self.values = (_widen(self.keys, keys, self.batch.capacity),
                                       _widen(self.values, values, self.batch.capacity))
-        self.keys[..., start:end, :] = keys
-        self.values[..., start:end, :] = values
-        return self.keys[..., :end, :], self.values[..., :end, :]
+        for buffer, new in zip(_parts(self.keys) + _parts(self.values), _parts(keys) + _parts(values)):
+            buffer[..., start:end, :] = new
+        return tree_map(lambda buffer: buffer[..., :end, :], (self.keys, self.values))
 
     def make_mask(self, n: int, window_size: int | None = None, **kwargs) -> mx.array:
         return self.batch.window_mask(window_size) if window_size else self.batch.mask
@@ -57,26 +65,35 @@ class RaggedKVCache:
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        return 0 if self.keys is None else sum(part.nbytes for part in _parts(self.keys) + _parts(self.values))
 
 
-def _widen(buffer: mx.array | None, like: mx.array, width: int) -> mx.array:
-    shape = (like.shape[0], like.shape[1], width, like.shape[3])
-    if buffer is None:
-        return mx.zeros(shape, like.dtype)
-    extra = mx.zeros((*shape[:2], width - buffer.shape[2], shape[3]), buffer.dtype)
-    return mx.concatenate([buffer, extra], axis=2)
+def _parts(buffer) -> tuple:
+    """A buffer's arrays: one (float) or three (quantized: data, scales, biases)."""
+    return buffer if isinstance(buffer, tuple) else (buffer,)
+
+
+def _widen(buffer, like, width: int):
+    """`buffer` (None: nothing yet) with columns up to `width`, in `like`'s form."""
+    def widen(part: mx.array | None, new: mx.array) -> mx.array:
+        shape = (new.shape[0], new.shape[1], width, new.shape[3])
+        if part is None:
+            return mx.zeros(shape, new.dtype)
+        return mx.concatenate([part, mx.zeros((*shape[:2], width - part.shape[2], shape[3]), part.dtype)], axis=2)
+    return tree_map(widen, buffer, like) if buffer is not None else tree_map(lambda new: widen(None, new), like)
 
 
 class RaggedBatch:
     """A batch of rows over one model's layers: after `mark`, `forward`s run (B, n) blocks of inputs, then
     `keep` says how many of each row's inputs stay in the cache."""
 
-    def __init__(self, model, rows: int = 0):
-        """An empty cache for `rows` rows."""
+    def __init__(self, model, rows: int = 0, kv_bits: int | None = None, kv_group_size: int = 64):
+        """An empty cache for `rows` rows; `kv_bits`: full-attention keys and values quantized (as `--kv-bits`
+        quantizes them alone; sliding-window layers stay float)."""
         self.model = model
         qwen3_5.install(model)  # Gated DeltaNet layers that keep per-position states (no-op for other models)
-        self.caches = [RecurrentCache(len(c.cache)) if isinstance(c, ArraysCache) else RaggedKVCache(self)
+        self.caches = [RecurrentCache(len(c.cache)) if isinstance(c, ArraysCache)
+                       else RaggedKVCache(self, kv_bits if type(c) is KVCache else None, kv_group_size)
                        for c in make_prompt_cache(model)]
         self.recurrent = [c for c in self.caches if isinstance(c, RecurrentCache)]
         self.states = None  # while a round is marked, per row: the recurrent state (saved index) after each input
@@ -93,9 +110,9 @@ class RaggedBatch:
         return self.valid.sum(axis=1)
 
     @classmethod
-    def prefilled(cls, model, tokens: list[int], chunk: int = 512) -> "RaggedBatch":
-        """A batch of one row holding `tokens` (a prompt, before it joins a batch)."""
-        batch = cls(model, rows=1)
+    def prefilled(cls, model, tokens: list[int], chunk: int = 512, **kv) -> "RaggedBatch":
+        """A batch of one row holding `tokens` (a prompt, before it joins a batch); `kv`: as the constructor's."""
+        batch = cls(model, rows=1, **kv)
         while not batch.extend(tokens, chunk):
             pass
         return batch
@@ -218,7 +235,7 @@ class RaggedBatch:
                 cache.cache = [c[index] if c is not None and rows else None for c in cache.cache]
                 cache.release()
             elif cache.keys is not None:
-                cache.keys, cache.values = cache.keys[index], cache.values[index]
+                cache.keys, cache.values = tree_map(lambda buffer: buffer[index], (cache.keys, cache.values))
         self.valid = self.valid[rows]
         if not rows:
             self.columns = 0
@@ -241,9 +258,10 @@ class RaggedBatch:
                 for (batch, pad), cache in zip(sides, (mine, theirs)):
                     buffer = getattr(cache, which)
                     if buffer is None:
-                        buffer = mx.zeros((batch.size, like.shape[1], 0, like.shape[3]), like.dtype)
-                    parts.append(_shift(buffer[..., :batch.columns, :], pad))
-                stacked.append(mx.concatenate(parts, axis=0))
+                        buffer = tree_map(lambda part: mx.zeros((batch.size, part.shape[1], 0, part.shape[3]),
+                                                                part.dtype), like)
+                    parts.append(tree_map(lambda part: _shift(part[..., :batch.columns, :], pad), buffer))
+                stacked.append(tree_map(lambda a, b: mx.concatenate([a, b], axis=0), *parts))
             mine.keys, mine.values = stacked
         self.valid = np.concatenate([np.pad(batch.valid[:, :batch.columns], ((0, 0), (pad, 0))) for batch, pad in sides])
         self.columns = self.capacity = width
@@ -271,8 +289,8 @@ class RaggedBatch:
         gather = mx.array(index)[:, None, :, None]
         for cache in self.caches:
             if isinstance(cache, RaggedKVCache) and cache.keys is not None:
-                cache.keys = mx.take_along_axis(cache.keys, gather, axis=2)
-                cache.values = mx.take_along_axis(cache.values, gather, axis=2)
+                cache.keys, cache.values = tree_map(lambda buffer: mx.take_along_axis(buffer, gather, axis=2),
+                                                    (cache.keys, cache.values))
         self.valid, self.columns, self.capacity = valid, width, width
 
 

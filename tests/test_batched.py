@@ -64,13 +64,17 @@ def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_
     ("glm4_moe", {"drafter": "mtp"}),  # a nextn layer
     ("qwen3", {"draft_model": "qwen3-eagle3"}),  # an EAGLE-3 head, chains
     ("qwen3", {"draft_model": "qwen3-medusa"}),  # Medusa heads, chains
+    ("qwen3", {"draft_model": "qwen3-draft", "kv_bits": 8, "kv_group_size": 32}),  # quantized KV, target and draft
+    ("gemma3", {"drafter": "ngram", "kv_bits": 8, "kv_group_size": 32}),  # quantized full-attention layers only
 ])
-def test_hidden_state_drafters_draft_in_a_batch_as_alone(tiny, target, options):
-    """With a pinned draft length every row runs the rounds it runs alone, so a drafter that reads the target's
-    hidden states, drafting for the batch, must propose what it proposes alone: every row's tokens, and which of
-    them came from accepted drafts, equal decoding it alone with the same drafter (greedy and sampled rows)."""
+def test_pinned_rows_draft_in_a_batch_as_alone(tiny, target, options):
+    """With a pinned draft length every row runs the rounds it runs alone, so a drafter drafting for the batch
+    (here those that read the target's hidden states, and quantized KV caches) must propose what it proposes
+    alone: every row's tokens, and which of them came from accepted drafts, equal decoding it alone with the same
+    engine (greedy and sampled rows)."""
     path = str(DEMO / "demo") if target == "demo" else str(tiny[target])
-    engine = mlx_spec.load(path, draft_len=2, **{k: str(tiny[v]) if k != "drafter" else v for k, v in options.items()})
+    engine = mlx_spec.load(path, draft_len=2, **{k: str(tiny[v]) if k in ("mtp_path", "draft_model") else v
+                                                 for k, v in options.items()})
     assert engine.batch_problem() is None
     jobs = jobs_for(engine, sampled=True)
     results = dict(engine.generate_many(jobs, 3))
@@ -180,8 +184,6 @@ def test_drafters_and_caches_that_cannot_batch_are_refused(tiny):
         engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=tree and str(tiny[tree]), tree_width=2,
                                drafter="draft-model" if tree else "ngram")
         assert "token trees, which are not drafted in batches: use --tree-width 1" in engine.batch_problem(), tree
-    assert "--kv-bits" in mlx_spec.load(str(tiny["qwen3"]), drafter="ngram", kv_bits=8,
-                                         kv_group_size=32).batch_problem()
     for family in ("qwen3", "gemma3", "qwen3_5"):  # full attention, sliding windows, Gated DeltaNet
         assert mlx_spec.load(str(tiny[family]), drafter="ngram").batch_problem() is None
 

@@ -27,7 +27,7 @@ class DraftModelDrafter:
 
     def batched(self) -> "BatchedDraftModel":
         """Drafting for a batch: every row's draft step in one forward of the draft model, chains."""
-        return BatchedDraftModel(self.weights, self.vocab_size)
+        return BatchedDraftModel(self.weights, self.vocab_size, self.runner.kv_bits, self.runner.kv_group_size)
 
     def batch_problem(self) -> str | None:
         """Why the draft model cannot draft for a batch (None when it can)."""
@@ -95,12 +95,13 @@ class BatchedDraftModel:
 
     name = "draft-model"
 
-    def __init__(self, model, vocab_size: int):
+    def __init__(self, model, vocab_size: int, kv_bits: int | None = None, kv_group_size: int = 64):
         self.model, self.vocab_size = model, vocab_size
-        self.batch, self.fed = RaggedBatch(model), None
+        self.kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size}  # as the draft model's cache alone
+        self.batch, self.fed = RaggedBatch(model, **self.kv), None
 
     def join(self, context: list[int], hidden=None) -> None:
-        self.batch.join(RaggedBatch.prefilled(self.model, context[:-1]))
+        self.batch.join(RaggedBatch.prefilled(self.model, context[:-1], **self.kv))
 
     def select(self, rows: list[int]) -> None:
         self.batch.select(rows)
