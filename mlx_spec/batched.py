@@ -1,7 +1,8 @@
 """Batched speculative decoding: many sequences decode together, each keeping its own accepted count.
 
-Every round, each row drafts for itself (the drafter's `batched()`: one n-gram index per row, or every row's
-draft step in one forward of the draft model; its own length, 0 allowed), the target verifies all rows in one
+Every round, each row drafts for itself (the drafter's `batched(target_batch)`: one n-gram index per row, or
+every row's draft step in one forward of the draft model, MTP layer or head, the drafters that read the target's
+hidden states getting them from the decoder; its own length, 0 allowed), the target verifies all rows in one
 forward over a `RaggedBatch` (row i feeds `[last, *drafts_i]`, padded to the longest), each row's verdict comes
 from the same rule as alone (`verify_draft`, its own seed's keys), and each row keeps its own accepted
 positions. Finished rows leave and queued requests join between rounds (continuous batching); a joining prompt
@@ -72,7 +73,7 @@ def batch_problem(model, drafter=None) -> str | None:
         return f"batched decoding is not available for this model ({problem})"
     if drafter is not None and getattr(drafter, "batched", None) is None:
         return (f"the {drafter.name} drafter does not draft in batches yet (n-gram, draft models, MTP layers and "
-                "heads, EAGLE-3 and Medusa heads do)")
+                "heads, EAGLE-3 and Medusa heads and Gemma 4 assistants do)")
     if drafter is not None and getattr(drafter, "width", 1) > 1:
         return f"the {drafter.name} drafter proposes token trees, which are not drafted in batches: use --tree-width 1"
     if drafter is not None and hasattr(drafter, "batch_problem") and (problem := drafter.batch_problem()):
@@ -94,7 +95,8 @@ def largest_batch(model, tokens_per_row: int, available: int, kv_bits: int | Non
 class BatchedDecoder:
     def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4,
                  read_hidden=None, kv_bits: int | None = None, kv_group_size: int = 64):
-        """drafter: one whose `batched()` drafts for a batch (None: plain batched decoding); draft_len: pinned,
+        """drafter: one whose `batched(target_batch)` drafts for a batch (given the target's RaggedBatch; None:
+        plain batched decoding); draft_len: pinned,
         or None for the adaptive policy per batch size; read_hidden: the target's hidden states after a forward
         (`target.hidden_reader`), for drafters that read them; kv_bits: the target's keys and values quantized."""
         if problem := batch_problem(model, drafter):
@@ -126,7 +128,7 @@ class BatchedDecoder:
         Text and Done events as the engine's `stream` does. `should_stop(key)` ends a row after this round with
         stop reason "stopped". The batch's rows are `rows`, in order."""
         rows, joining, batch = [], deque(), RaggedBatch(self.model, **self.kv)
-        drafters = self.make_drafters() if self.make_drafters else None
+        drafters = self.make_drafters(batch) if self.make_drafters else None
         while True:
             while len(rows) + len(joining) < batch_size and (item := take()) is not None:
                 joining.append(Row(*item, self.tokenizer, self.name))

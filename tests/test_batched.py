@@ -66,6 +66,7 @@ def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_
     ("qwen3", {"draft_model": "qwen3-medusa"}),  # Medusa heads, chains
     ("qwen3", {"draft_model": "qwen3-draft", "kv_bits": 8, "kv_group_size": 32}),  # quantized KV, target and draft
     ("gemma3", {"drafter": "ngram", "kv_bits": 8, "kv_group_size": 32}),  # quantized full-attention layers only
+    ("gemma4", {"draft_model": "gemma4-assistant-trained"}),  # a Gemma 4 assistant over the target's K/V
 ])
 def test_pinned_rows_draft_in_a_batch_as_alone(tiny, target, options):
     """With a pinned draft length every row runs the rounds it runs alone, so a drafter drafting for the batch
@@ -83,6 +84,38 @@ def test_pinned_rows_draft_in_a_batch_as_alone(tiny, target, options):
         assert results[i].tokens == alone.tokens and results[i].from_draft == alone.from_draft, i
         assert results[i].stats.batch_size == 3
     assert sum(r.stats.accepted for r in results.values()) > 0
+
+
+@pytest.mark.parametrize("assistant", ["gemma4-assistant", "gemma4-assistant-dense"])  # masked / dense head
+def test_a_gemma4_assistant_drafts_in_a_batch_what_it_drafts_alone(tiny, monkeypatch, assistant):
+    """Every draft a Gemma 4 assistant proposes for a row of a batch equals what it proposes alone from the same
+    context: it reads the row's own K/V in the target's batch, and past the sliding window (16 positions) only
+    that row's last window + 1 of them."""
+    from mlx_spec.drafters.gemma4_assistant import AssistantDrafter, BatchedAssistant
+
+    engine = mlx_spec.load(str(tiny["gemma4"]), draft_model=str(tiny[assistant]), draft_len=3)
+    jobs, alone, batched = jobs_for(engine), {}, {}
+    propose, propose_many = AssistantDrafter.propose, BatchedAssistant.propose
+
+    def recorded(self, context, *args):
+        draft = propose(self, context, *args)
+        alone[tuple(context)] = draft.tokens.tolist()
+        return draft
+
+    def recorded_many(self, contexts, *args):
+        drafts = propose_many(self, contexts, *args)
+        batched.update((tuple(context), draft.tokens.tolist()) for context, draft in zip(contexts, drafts))
+        return drafts
+
+    monkeypatch.setattr(AssistantDrafter, "propose", recorded)
+    monkeypatch.setattr(BatchedAssistant, "propose", recorded_many)
+    for job in jobs:
+        engine.generate(job.prompt, job.params, job.max_tokens, [], job.seed)
+    results = dict(engine.generate_many(jobs, 3))
+    assert [results[i].tokens for i in range(len(jobs))] == [
+        engine.with_drafter("off").generate(job.prompt, max_tokens=job.max_tokens).tokens for job in jobs]
+    assert len(alone) > 100 and max(map(len, alone)) > 16 + 10  # contexts well past the window
+    assert all(batched[context] == drafts for context, drafts in alone.items())
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])

@@ -25,7 +25,7 @@ class DraftModelDrafter:
         self.tree: Draft | None = None  # the last tree proposed
         self.fed: dict[int, int] = {}  # its nodes that the runner's cache holds -> their place after the context
 
-    def batched(self) -> "BatchedDraftModel":
+    def batched(self, target_batch) -> "BatchedDraftModel":
         """Drafting for a batch: every row's draft step in one forward of the draft model, chains."""
         return BatchedDraftModel(self.weights, self.vocab_size, self.runner.kv_bits, self.runner.kv_group_size)
 

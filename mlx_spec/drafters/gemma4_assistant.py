@@ -14,12 +14,13 @@ fed-back `post_projection` state and their embedding.
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from ..caches import visible_kv
 from ..models.gemma4_assistant import Gemma4Assistant
 from ..sampling import SamplingParams
 from ..target import Step, Target
-from . import Draft, draft_autoregressively
+from . import Draft, draft_autoregressively, draft_batch
 
 
 def text_model(target_model):
@@ -46,6 +47,12 @@ class AssistantDrafter:
         self.sliding_keys = text.window_size + 1  # the reference's mask: abs(q - kv) <= sliding_window
         self.sources = shared_kv_sources(target.model)
 
+    def batched(self, target_batch) -> "BatchedAssistant":
+        return BatchedAssistant(self, target_batch)
+
+    def batch_problem(self) -> str | None:
+        return "it reads the target's K/V, which --kv-bits quantizes" if self.target.kv_bits else None
+
     def begin(self, context: list[int], prompt_step: Step) -> None:
         self.last_hidden = prompt_step.hidden[-1:] if len(context) > 1 else None
 
@@ -67,3 +74,52 @@ class AssistantDrafter:
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         self.last_hidden = step.hidden[-1:]  # at the last accepted position, whose logits gave context[-1]
+
+
+class BatchedAssistant:
+    """The assistant drafting for a batch (`BatchedDecoder`): each step for every row at once, each row attending,
+    as alone, to its own verified K/V in the target's RaggedBatch (its valid columns; for sliding layers those of
+    its last window + 1 positions, by mask) from the position after its last verified one, and starting from its
+    own last verified hidden state."""
+
+    name = "assistant"
+
+    def __init__(self, drafter: AssistantDrafter, target_batch):
+        self.drafter, self.target = drafter, target_batch
+        self.last_hidden = []  # per row: (1, H), or None before its first verified position
+
+    def join(self, context: list[int], hidden: mx.array | None) -> None:
+        self.last_hidden.append(hidden[-1:] if hidden is not None and hidden.shape[0] else None)
+
+    def select(self, rows: list[int]) -> None:
+        self.last_hidden = [self.last_hidden[i] for i in rows]
+
+    def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
+                keys: list[mx.array]) -> list[Draft]:
+        lengths = [k if h is not None else 0 for k, h in zip(lengths, self.last_hidden)]
+        if max(lengths) == 0:
+            return [Draft.empty() for _ in contexts]
+        drafter, batch, columns = self.drafter, self.target, self.target.columns
+        valid = batch.valid[:, :columns]
+        query = batch.offsets  # each row's next position: that of the round's first input
+        recent = query[:, None] - (np.cumsum(valid, axis=1) - 1) <= drafter.sliding_keys
+        masks = {"full_attention": mx.array(valid[:, None, None]),
+                 "sliding_attention": mx.array((valid & recent)[:, None, None])}
+        kv = {kind: (batch.caches[i].keys[..., :columns, :], batch.caches[i].values[..., :columns, :])
+              for kind, i in drafter.sources.items()}
+        position = mx.array(query.astype(np.int32))
+        like = next(h for h in self.last_hidden if h is not None)
+        hidden = mx.concatenate([h if h is not None else mx.zeros_like(like) for h in self.last_hidden])[:, None]
+
+        def next_logits(tokens: mx.array) -> mx.array:
+            nonlocal hidden
+            embedding = drafter.embed(tokens[:, None]) * drafter.embed_scale
+            logits, hidden = drafter.assistant(embedding, hidden, kv, position, masks)
+            return logits[:, 0]
+
+        first = next_logits(mx.array([context[-1] for context in contexts], dtype=mx.int32))
+        return draft_batch(first, next_logits, contexts, lengths, params, keys)
+
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array) -> None:
+        """Each row's hidden state at its last kept input (the one that scored the target's next token)."""
+        self.last_hidden = [hidden[row, count:count + 1] for row, count in enumerate(accepted)]

@@ -28,7 +28,7 @@ class MedusaDrafter:
         self.width = 1
         self.hidden: mx.array | None = None
 
-    def batched(self) -> "BatchedMedusa":
+    def batched(self, target_batch) -> "BatchedMedusa":
         return BatchedMedusa(self.heads)
 
     def begin(self, context: list[int], prompt_step: Step) -> None:

@@ -17,7 +17,7 @@ class NgramDrafter:
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2, width: int = 1):
         self.max_ngram, self.min_ngram, self.width = max_ngram, min_ngram, width
 
-    def batched(self) -> RowDrafters:
+    def batched(self, target_batch) -> RowDrafters:
         """Drafting for a batch: an n-gram index of its own per row, chains."""
         return RowDrafters(self.name, lambda: NgramDrafter(self.max_ngram, self.min_ngram))
 

@@ -33,7 +33,7 @@ class MTPDrafter:
         self.embed, self.head = embed, head
         self.last_hidden = None  # the target's hidden state at the last position of its cache
 
-    def batched(self) -> "BatchedMTP":
+    def batched(self, target_batch) -> "BatchedMTP":
         """Drafting for a batch: every row's rows and draft steps in one forward of the layer, chains."""
         return BatchedMTP(self)
 

@@ -56,7 +56,8 @@ class MaskedEmbedding(nn.Module):
     def __call__(self, x: mx.array, embed_tokens) -> mx.array:
         ids = self.candidates(x)
         selected = (embed_tokens(ids) @ x[..., None])[..., 0]
-        logits = mx.full((*x.shape[:-1], self.token_ordering.shape[0]), selected.min() - 1.0, dtype=x.dtype)
+        floor = (selected.min(axis=-1, keepdims=True) - 1.0).astype(x.dtype)  # each row's own
+        logits = mx.broadcast_to(floor, (*x.shape[:-1], self.token_ordering.shape[0]))
         return mx.put_along_axis(logits, ids, selected.astype(x.dtype), axis=-1)
 
 
