@@ -96,6 +96,29 @@ class RowDrafters:
             drafter.accept(context, count, Step(None))
 
 
+class LastHiddenRows:
+    """For drafters that draft a batch from each row's last verified hidden state (Medusa heads, Gemma 4
+    assistants): those states, kept as the decoder hands them over."""
+
+    def __init__(self):
+        self.last_hidden: list[mx.array | None] = []  # per row: (1, H), or None before its first verified position
+
+    def join(self, context: list[int], hidden: mx.array | None) -> None:
+        self.last_hidden.append(hidden[-1:] if hidden is not None and hidden.shape[0] else None)
+
+    def select(self, rows: list[int]) -> None:
+        self.last_hidden = [self.last_hidden[i] for i in rows]
+
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array) -> None:
+        """Each row's hidden state at its last kept input (the one that scored the target's next token)."""
+        self.last_hidden = [hidden[row, count:count + 1] for row, count in enumerate(accepted)]
+
+    def stacked(self) -> mx.array:
+        """(B, H): every row's state, zeros for a row that has none yet (it drafts nothing)."""
+        like = next(h for h in self.last_hidden if h is not None)
+        return mx.concatenate([h if h is not None else mx.zeros_like(like) for h in self.last_hidden])
+
+
 def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.array], mx.array], k: int,
                            params: SamplingParams, context: list[int], key: mx.array) -> Draft:
     """k tokens from a model that drafts one at a time: `first_logits` (1, V) scores the first, and

@@ -20,7 +20,7 @@ from ..caches import visible_kv
 from ..models.gemma4_assistant import Gemma4Assistant
 from ..sampling import SamplingParams
 from ..target import Step, Target
-from . import Draft, draft_autoregressively, draft_batch
+from . import Draft, LastHiddenRows, draft_autoregressively, draft_batch
 
 
 def text_model(target_model):
@@ -76,7 +76,7 @@ class AssistantDrafter:
         self.last_hidden = step.hidden[-1:]  # at the last accepted position, whose logits gave context[-1]
 
 
-class BatchedAssistant:
+class BatchedAssistant(LastHiddenRows):
     """The assistant drafting for a batch (`BatchedDecoder`): each step for every row at once, each row attending,
     as alone, to its own verified K/V in the target's RaggedBatch (its valid columns; for sliding layers those of
     its last window + 1 positions, by mask) from the position after its last verified one, and starting from its
@@ -85,14 +85,8 @@ class BatchedAssistant:
     name = "assistant"
 
     def __init__(self, drafter: AssistantDrafter, target_batch):
+        super().__init__()
         self.drafter, self.target = drafter, target_batch
-        self.last_hidden = []  # per row: (1, H), or None before its first verified position
-
-    def join(self, context: list[int], hidden: mx.array | None) -> None:
-        self.last_hidden.append(hidden[-1:] if hidden is not None and hidden.shape[0] else None)
-
-    def select(self, rows: list[int]) -> None:
-        self.last_hidden = [self.last_hidden[i] for i in rows]
 
     def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
                 keys: list[mx.array]) -> list[Draft]:
@@ -108,8 +102,7 @@ class BatchedAssistant:
         kv = {kind: (batch.caches[i].keys[..., :columns, :], batch.caches[i].values[..., :columns, :])
               for kind, i in drafter.sources.items()}
         position = mx.array(query.astype(np.int32))
-        like = next(h for h in self.last_hidden if h is not None)
-        hidden = mx.concatenate([h if h is not None else mx.zeros_like(like) for h in self.last_hidden])[:, None]
+        hidden = self.stacked()[:, None]
 
         def next_logits(tokens: mx.array) -> mx.array:
             nonlocal hidden
@@ -119,7 +112,3 @@ class BatchedAssistant:
 
         first = next_logits(mx.array([context[-1] for context in contexts], dtype=mx.int32))
         return draft_batch(first, next_logits, contexts, lengths, params, keys)
-
-    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array) -> None:
-        """Each row's hidden state at its last kept input (the one that scored the target's next token)."""
-        self.last_hidden = [hidden[row, count:count + 1] for row, count in enumerate(accepted)]

@@ -15,7 +15,7 @@ import mlx.core as mx
 from ..models.medusa import MedusaHeads
 from ..sampling import SamplingParams
 from ..target import Step
-from . import Draft
+from . import Draft, LastHiddenRows
 
 
 class MedusaDrafter:
@@ -51,31 +51,21 @@ class MedusaDrafter:
         self.hidden = step.hidden[-1:]
 
 
-class BatchedMedusa:
+class BatchedMedusa(LastHiddenRows):
     """Medusa heads drafting chains for a batch (`BatchedDecoder`), each row from its own last verified hidden
     state as alone."""
 
     name = "medusa"
 
     def __init__(self, heads: MedusaHeads):
-        self.heads, self.hidden = heads, []  # per row: (1, H), or None before its first verified position
-
-    def join(self, context: list[int], hidden: mx.array | None) -> None:
-        self.hidden.append(hidden[-1:] if hidden is not None and hidden.shape[0] else None)
-
-    def select(self, rows: list[int]) -> None:
-        self.hidden = [self.hidden[i] for i in rows]
+        super().__init__()
+        self.heads = heads
 
     def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
                 keys: list[mx.array]) -> list[Draft]:
-        lengths = [min(k, len(self.heads.heads)) if h is not None else 0 for k, h in zip(lengths, self.hidden)]
+        lengths = [min(k, len(self.heads.heads)) if h is not None else 0 for k, h in zip(lengths, self.last_hidden)]
         if max(lengths) == 0:
             return [Draft.empty() for _ in contexts]
-        like = next(h for h in self.hidden if h is not None)
-        hidden = mx.concatenate([h if h is not None else mx.zeros_like(like) for h in self.hidden])
+        hidden = self.stacked()
         tokens = mx.stack([mx.argmax(head(hidden), axis=-1) for head in self.heads.heads[:max(lengths)]], axis=1)
         return [Draft(tokens[row, :k].astype(mx.int32)) if k else Draft.empty() for row, k in enumerate(lengths)]
-
-    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array) -> None:
-        """Each row's hidden state at its last kept input (the one that scored the target's next token)."""
-        self.hidden = [hidden[row, count:count + 1] for row, count in enumerate(accepted)]
