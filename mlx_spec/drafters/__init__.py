@@ -56,7 +56,9 @@ def shape(drafter, width: int) -> str:
 class Drafter(Protocol):
     """Drafters that hold weights or caches of their own also expose them as `weights` (a module) and
     `caches` (a list), for the memory report; one with figures of its own says them in `report()` (a line for
-    the statistics) and one with a shape of its own names it in `shape`."""
+    the statistics) and one with a shape of its own names it in `shape`. One that drafts for a batch has
+    `batched(target_batch)`, which returns the batch's drafter: `join(context, hidden)`, `select(rows)`,
+    `propose(contexts, lengths, params, keys)` and `accept(contexts, accepted, hidden)` (as `RowDrafters`)."""
 
     name: str
 
