@@ -147,6 +147,10 @@ class Lockstep:
 
     def finish(self) -> None:
         """The leader's last word: the followers leave `follow`. Skipped after a generation broke off halfway
-        (the followers are inside its collectives; the leader's exit ends them with `lost`)."""
+        (the followers are inside its collectives; the leader's exit ends them with `lost`), and once the group is
+        lost (a rank died, between generations: that was reported; there is no one left to tell)."""
         if self.leader and not self.running:
-            self.share(None)
+            try:
+                self.share(None)
+            except RuntimeError:  # MLX's "[ring] connection to a peer was lost"
+                pass
