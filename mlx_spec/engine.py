@@ -396,23 +396,23 @@ class Engine:
             for index, job in enumerate(jobs):
                 yield index, self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed)
             return
-        yield from self._decoder().run(jobs, batch_size)
+        yield from self._decoder(getattr(self.next_policy, "pinned", None)).run(jobs, batch_size)
 
     def stream_many(self, take, batch_size: int, should_stop=lambda key: False) -> Iterator[tuple[object, object]]:
         """Decode the `batched.Job`s that `take()` hands over as (key, Job) (None: none waiting; asked whenever
         the batch has room) in one batch of at most `batch_size`, until none is left; yields (key, event) with
         each job's Round / Token / Text / Done events as `stream` gives them. `should_stop(key)` ends a job after
-        the current round ("stopped"). For servers: jobs join while others run."""
-        yield from self._decoder().stream(take, batch_size, should_stop)
+        the current round ("stopped"). For servers: jobs join while others run; a job drafts its own pinned
+        `draft_len`, or what the adaptive policy chooses (this engine's pin is for its one-at-a-time streams)."""
+        yield from self._decoder(None).stream(take, batch_size, should_stop)
 
-    def _decoder(self):
+    def _decoder(self, draft_len: int | None):
         from .batched import BatchedDecoder
 
         if problem := self.batch_problem():
             raise SpecError(f"{problem}: use a batch size of 1")
-        return BatchedDecoder(self.target.model, self.tokenizer, self.drafter,
-                              getattr(self.next_policy, "pinned", None), self.max_draft_len, self.target.read_hidden,
-                              self.target.kv_bits, self.target.kv_group_size)
+        return BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
+                              self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size)
 
 
 def emit(new_tokens: list[int], accepted: int, generated: list[int], text: TextStream, eos, max_tokens: int):

@@ -215,7 +215,6 @@ class Generator:
             job = jobs[key]
             return job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline
 
-        engine.pin(None)  # rows without a pin of their own: the adaptive policy (a pinned job alone left its pin)
         try:
             for key, event in engine.stream_many(take, self.batch_size, should_stop):
                 if not isinstance(event, Round):

@@ -232,7 +232,7 @@ class RaggedBatch:
         index = mx.array(rows, dtype=mx.int32)
         for cache in self.caches:
             if isinstance(cache, RecurrentCache):
-                cache.cache = [c[index] if c is not None and rows else None for c in cache.cache]
+                cache.filter(index)
                 cache.release()
             elif cache.keys is not None:
                 cache.keys, cache.values = tree_map(lambda buffer: buffer[index], (cache.keys, cache.values))

@@ -1,7 +1,10 @@
 """The verify-cost curve v(n): one target forward over n + 1 tokens (a chain, or a token tree of n nodes: the
 mask aside they cost the same) relative to one decode step, on a real model from scripts/real_models.py.
 
-    python scripts/verify_cost.py [--model qwen2.5-coder-1.5b --max-nodes 16 --reps 5]
+    python scripts/verify_cost.py [--model qwen2.5-coder-1.5b --max-nodes 16 --reps 5] [--rows B]
+
+`--rows B`: the forwards of a batch (`RaggedBatch`) of B copies of the prompt, each row n + 1 tokens, against a
+batched step of one token a row: the verify cost of batched speculation. `--model demo`: the built-in demo.
 
 A tree of n nodes pays when its expected accepted length beats the best chain's at the chain's cost, so where
 v(n) stays flat (bandwidth-bound decoding: a Mac's GPU) wide trees are nearly free, and where it climbs (a CPU)
@@ -24,35 +27,51 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec.ragged import RaggedBatch  # noqa: E402
 from mlx_spec.target import Target  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b", choices=sorted(real_models.MODELS))
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b", choices=sorted(real_models.MODELS) + ["demo"])
     parser.add_argument("--max-nodes", type=int, default=16)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=1, help="batch rows, each running n + 1 tokens a forward")
     args = parser.parse_args()
-    path = real_models.mlx_dir(args.model)
-    if not path.exists():
+    path = None if args.model == "demo" else real_models.mlx_dir(args.model)
+    if path is not None and not path.exists():
         print(f"fetch the model first: python scripts/real_models.py {args.model}")
         return 2
-    engine = mlx_spec.load(str(path), drafter="off")
-    target = Target(engine.target.model)
+    engine = mlx_spec.load(str(path) if path else None, drafter="off")
     prompt = engine.encode("def binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n" * 4)
-    target.prefill(prompt)
+    if args.rows == 1:
+        target = Target(engine.target.model)
+        target.prefill(prompt)
+    else:
+        batch = RaggedBatch(engine.target.model)
+        for _ in range(args.rows):
+            batch.join(RaggedBatch.prefilled(engine.target.model, prompt))
+
+    def forward(n: int) -> None:
+        """A forward over n tokens (each row's, in a batch), evaluated, then removed again."""
+        if args.rows == 1:
+            mx.eval(target.forward(prompt[-n:]).logits)
+            target.rollback(n)
+        else:
+            batch.mark()
+            mx.eval(batch.forward(mx.array([prompt[-n:]] * args.rows), [n] * args.rows))
+            batch.keep([0] * args.rows)
 
     def forward_ms(n: int) -> float:
-        """Median wall time of a forward over n tokens (rolled back after each), in milliseconds."""
+        """Median wall time of a forward over n tokens, in milliseconds."""
         times = []
         for _ in range(args.reps + 1):  # the first: untimed
             start = time.perf_counter()
-            mx.eval(target.forward(prompt[-n:]).logits)
+            forward(n)
             times.append(time.perf_counter() - start)
-            target.rollback(n)
         return 1000 * statistics.median(times[1:])
 
-    print(f"{args.model} float32, BLAS: {linux_blas.describe()}; median of {args.reps} forwards each")
+    print(f"{args.model}, {args.rows} row(s), BLAS: {linux_blas.describe()}; median of {args.reps} forwards each")
     with Neighbours() as neighbours:
         step = forward_ms(1)
         rows = [(n, forward_ms(n + 1)) for n in range(1, args.max_nodes + 1)]
