@@ -12,11 +12,22 @@ the command; the others (followers) run each generation it starts. Three things 
   hardware computing different floats);
 - `finish`: the leader's last message, after which the followers exit.
 A rank that dies breaks the others' next collective ("connection lost"): `lost` turns that into a one-line error.
+MLX's ring backend can also leave a survivor waiting forever instead (a socket's I/O thread that gave up takes no
+further sends or receives, and the next collective waits on it), so on the ring backend each rank also holds a
+plain TCP connection to each neighbour that carries nothing (`watch_neighbours`): a neighbour's process that ends
+closes it, and a rank still running `GRACE_SECONDS` later (not `done`, no `lost` error reported) reports the
+break itself and exits with status 2.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
+import socket
+import sys
+import threading
+import time
 import zlib
 from dataclasses import dataclass
 
@@ -46,14 +57,83 @@ def first_line(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
+GRACE_SECONDS = 3.0  # a survivor's own failed collective normally ends it (with `lost`) well within this
+REPORTED = threading.Event()  # this process told its user that the group broke
+
+
+def broke(rank: int, why: str) -> SpecError:
+    return SpecError(f"rank {rank}: the distributed group broke ({why}): another rank stopped or lost its "
+                     "connection; see its output")
+
+
 def lost(error: BaseException) -> SpecError | None:
     """The one-line error for a collective that failed because another rank went away (None: not that)."""
     text = str(error)
     if isinstance(error, RuntimeError) and any(text.startswith(f"[{b}]") for b in ("ring", "mpi", "jaccl", "nccl")):
-        rank = mx.distributed.init().rank() if mx.distributed.is_available() else 0
-        return SpecError(f"rank {rank}: the distributed group broke ({first_line(error)}): another rank stopped or "
-                         "lost its connection; see its output")
+        REPORTED.set()
+        return broke(mx.distributed.init().rank() if mx.distributed.is_available() else 0, first_line(error))
     return None
+
+
+def ring_hosts() -> list[str] | None:
+    """Each rank's first address in the ring backend's hostfile (`MLX_HOSTFILE`, as mlx.launch writes it);
+    None when there is none (another backend)."""
+    try:
+        with open(os.environ["MLX_HOSTFILE"]) as f:
+            return [str(addresses[0]).rsplit(":", 1)[0] for addresses in json.load(f)]
+    except (KeyError, OSError, ValueError, TypeError, IndexError):
+        return None
+
+
+def watch_neighbours(lockstep: Lockstep, hosts: list[str], timeout: float = 60.0) -> list[socket.socket]:
+    """Connect this rank to the next one and accept the previous one's connection, on each rank's address in the
+    ring's hostfile (the links the ring itself uses) and a port each rank picks, and watch both connections
+    from daemon threads (see the module docstring). Returns them (open as long as this process runs); none,
+    with a warning, if they cannot be made."""
+    rank, size = lockstep.rank, lockstep.size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    problem, links = None, []
+    try:
+        server = socket.create_server((hosts[rank], 0))
+    except OSError as e:
+        server, problem = None, e
+    ports = mx.distributed.all_gather(mx.array([server.getsockname()[1] if server else 0]), group=lockstep.group,
+                                      stream=mx.cpu)
+    ports = np.array(ports).tolist()
+    if server:
+        with server:
+            try:
+                if ports[right] == 0:
+                    raise OSError(f"rank {right} could not listen")
+                links.append(socket.create_connection((hosts[right], ports[right]), timeout=timeout))
+                server.settimeout(timeout)
+                links.append(server.accept()[0])
+            except OSError as e:
+                problem = e
+    if problem:
+        print(f"mlx-spec: warning: rank {rank} cannot watch its neighbours ({problem}): if one dies, this rank "
+              "may wait for it forever", file=sys.stderr)
+        for link in links:
+            link.close()
+        return []
+    for link, peer in zip(links, (right, left)):
+        link.settimeout(None)
+        threading.Thread(target=watch, args=(lockstep, link, peer), daemon=True).start()
+    return links
+
+
+def watch(lockstep: Lockstep, link: socket.socket, peer: int) -> None:
+    """Wait for `peer`'s process to end (its end of `link` closes: nothing is ever sent on it), then give this
+    rank `GRACE_SECONDS` to end on its own before it reports the break and exits."""
+    try:
+        link.recv(1)
+    except OSError:
+        pass
+    time.sleep(GRACE_SECONDS)
+    if not lockstep.done:
+        if not REPORTED.is_set():
+            print(f"mlx-spec: error: {broke(lockstep.rank, f'rank {peer} ended')}", file=sys.stderr, flush=True)
+        os._exit(2)
 
 
 @dataclass
@@ -77,8 +157,11 @@ class Lockstep:
         self.group = group
         self.rank, self.size = group.rank(), group.size()
         self.engines: list = []  # the leader's engines, by the index generations name them with
-        self.running = False  # a generation is under way: its collectives must finish before any other
+        self.running = False  # a generation is under way (from its announcement on): no other collective may start
         self.policy = None  # the draft-length policy the followers last received
+        self.done = False  # this rank ended its part normally: a neighbour ending now is no break
+        hosts = ring_hosts()
+        self.links = watch_neighbours(self, hosts) if hosts and len(hosts) == self.size else []
 
     @property
     def leader(self) -> bool:
@@ -99,13 +182,13 @@ class Lockstep:
     def begin(self, engine, prompt: list[int], params, max_tokens: int, stop: list[str], seed: int) -> None:
         """Called by `Engine.stream` as a generation starts: the leader sends it to the followers."""
         policy = engine.next_policy  # read once: a pin may land at any time
+        self.running = True  # before the announcement: if it fails, the group is lost and `finish` must not wait
         if self.leader:
             if engine not in self.engines:
                 self.engines.append(engine)
             self.share(Generation(self.engines.index(engine), engine.status().drafter, policy, list(prompt), params,
                                   max_tokens, list(stop), seed))
         self.policy = policy
-        self.running = True
 
     def agree(self, engine, tokens: list[int], seconds: float, stop: bool) -> tuple[float, bool]:
         """Once a round, after `engine` accepted `tokens` in `seconds`: check that every rank accepted the same.
@@ -143,13 +226,16 @@ class Lockstep:
             follower.next_policy = job.policy
             for _ in follower.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
                 pass
+        self.done = True
         return 0
 
     def finish(self) -> None:
-        """The leader's last word: the followers leave `follow`. Skipped after a generation broke off halfway
-        (the followers are inside its collectives; the leader's exit ends them with `lost`), and once the group is
-        lost (a rank died, between generations: that was reported; there is no one left to tell)."""
+        """The leader's last word: the followers leave `follow`. Skipped after a generation broke off, its
+        announcement included: the followers are inside its collectives (the leader's exit ends them with `lost`),
+        or the group is lost, and a collective after a failed one never returns. A rank that died since the last
+        generation fails this one instead: that was reported, there is no one left to tell."""
         if self.leader and not self.running:
+            self.done = True
             try:
                 self.share(None)
             except RuntimeError:  # MLX's "[ring] connection to a peer was lost"

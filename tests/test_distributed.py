@@ -234,6 +234,28 @@ def test_a_rank_killed_mid_run_ends_the_other_with_an_error(tiny, tmp_path, vict
     assert f"rank {1 - victim}:" in stderr
 
 
+def test_a_rank_killed_while_the_leader_serves_nothing_ends_the_leader(tiny, tmp_path):
+    """No collective is under way to fail (the server waits for requests): the leader learns of the death from
+    its watch on its neighbours, and says so rather than wait for a request to break."""
+    port = free_port()
+    args = ["serve", "--model", str(tiny["qwen3"]), "--distributed", "tensor", "--port", str(port)]
+    ranks = start_ranks(tmp_path, args, args)
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+        assert all(rank.poll() is None for rank in ranks), ranks[0].stderr.read() + ranks[1].stderr.read()
+    ranks[1].kill()
+    killed = time.monotonic()
+    code = ranks[0].wait(timeout=30)
+    assert time.monotonic() - killed < 10
+    stderr = ranks[0].stderr.read()
+    assert code == 2 and "rank 0: the distributed group broke (rank 1 ended)" in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+
+
 def test_ranks_that_compute_different_tokens_stop_with_an_error(tiny, tmp_path):
     """Rank 1 with other weights (the perturbed copy of the same architecture): its head scores the shared
     activations differently, its tokens differ, and the round's checksum stops both ranks."""
