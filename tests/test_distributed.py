@@ -82,6 +82,18 @@ def start_ranks(tmp_path, *argv_of_rank, program=("-m", "mlx_spec.cli")) -> list
     return ranks
 
 
+def wait_until_serving(port: int, ranks: list[subprocess.Popen]) -> None:
+    """Until rank 0's server answers /health (every rank still running meanwhile)."""
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.2)
+        assert all(rank.poll() is None for rank in ranks), ranks[0].stderr.read() + ranks[1].stderr.read()
+    raise AssertionError("the server never answered /health")
+
+
 def generated(proc: subprocess.CompletedProcess) -> dict:
     """Rank 0's `generate --json` result (the only line any rank prints on stdout)."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -154,13 +166,7 @@ def test_tensor_parallel_qwen3_with_a_draft_model_serves_a_client(tiny, tmp_path
     ranks = start_ranks(tmp_path, args, args)
     url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-            assert all(rank.poll() is None for rank in ranks), ranks[0].stderr.read() + ranks[1].stderr.read()
+        wait_until_serving(port, ranks)
         answers = [httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 16}, headers=headers,
                               timeout=120).json()["choices"][0]["text"] for prompt in ("def main():", PROMPT)]
     finally:
@@ -240,13 +246,7 @@ def test_a_rank_killed_while_the_leader_serves_nothing_ends_the_leader(tiny, tmp
     port = free_port()
     args = ["serve", "--model", str(tiny["qwen3"]), "--distributed", "tensor", "--port", str(port)]
     ranks = start_ranks(tmp_path, args, args)
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
-        assert all(rank.poll() is None for rank in ranks), ranks[0].stderr.read() + ranks[1].stderr.read()
+    wait_until_serving(port, ranks)
     ranks[1].kill()
     killed = time.monotonic()
     code = ranks[0].wait(timeout=30)
