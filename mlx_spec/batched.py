@@ -96,9 +96,9 @@ class BatchedDecoder:
     def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4,
                  read_hidden=None, kv_bits: int | None = None, kv_group_size: int = 64):
         """drafter: one whose `batched(target_batch)` drafts for a batch (given the target's RaggedBatch; None:
-        plain batched decoding); draft_len: pinned,
-        or None for the adaptive policy per batch size; read_hidden: the target's hidden states after a forward
-        (`target.hidden_reader`), for drafters that read them; kv_bits: the target's keys and values quantized."""
+        plain batched decoding); draft_len: pinned, or None for the adaptive policy per batch size; read_hidden:
+        the target's hidden states after a forward (`target.hidden_reader`), for drafters that read them;
+        kv_bits: the target's keys and values quantized."""
         if problem := batch_problem(model, drafter):
             raise SpecError(f"{problem}: use a batch size of 1")
         compat.check_batches()

@@ -177,12 +177,16 @@ class RaggedBatch:
         self.valid, self.columns = grown, self.columns + n
         return logits
 
+    def column_positions(self) -> np.ndarray:
+        """(B, columns): the position of each row's entry in each column (meaningful where it is valid)."""
+        return np.cumsum(self.valid[:, :self.columns], axis=1) - 1
+
     def window_mask(self, window: int) -> mx.array:
         """The forward's mask for a sliding-window layer: also hidden, per row, the columns at or beyond `window`
         positions before each query's own."""
         if window not in self._windows:
             n = self.mask.shape[2]
-            held = np.cumsum(self.valid[:, :self.columns], axis=1) - 1  # (B, columns) each column's position
+            held = self.column_positions()
             queries = self.offsets[:, None] + np.arange(n)[None, :]  # (B, n)
             recent = np.ones((self.size, n, self.columns + n), dtype=bool)
             recent[:, :, :self.columns] = queries[:, :, None] - held[:, None, :] < window

@@ -96,7 +96,7 @@ class BatchedAssistant(LastHiddenRows):
         drafter, batch, columns = self.drafter, self.target, self.target.columns
         valid = batch.valid[:, :columns]
         query = batch.offsets  # each row's next position: that of the round's first input
-        recent = query[:, None] - (np.cumsum(valid, axis=1) - 1) <= drafter.sliding_keys
+        recent = query[:, None] - batch.column_positions() <= drafter.sliding_keys
         masks = {"full_attention": mx.array(valid[:, None, None]),
                  "sliding_attention": mx.array((valid & recent)[:, None, None])}
         kv = {kind: (batch.caches[i].keys[..., :columns, :], batch.caches[i].values[..., :columns, :])
