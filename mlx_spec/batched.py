@@ -28,7 +28,6 @@ from .policy import BatchDraftLength, FixedDraftLength
 from .ragged import RaggedBatch, RaggedKVCache
 from .sampling import SamplingParams
 from .stats import Stats
-from .target import PREFILL_CHUNK
 from .verify import verify_draft
 
 MAX_BATCH = 32  # the default batch size's upper bound
@@ -94,11 +93,12 @@ def largest_batch(model, tokens_per_row: int, available: int, kv_bits: int | Non
 
 class BatchedDecoder:
     def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4,
-                 read_hidden=None, kv_bits: int | None = None, kv_group_size: int = 64):
+                 read_hidden=None, kv_bits: int | None = None, kv_group_size: int = 64,
+                 hidden_tail: int | None = None):
         """drafter: one whose `batched(target_batch)` drafts for a batch (given the target's RaggedBatch; None:
         plain batched decoding); draft_len: pinned, or None for the adaptive policy per batch size; read_hidden:
-        the target's hidden states after a forward (`target.hidden_reader`), for drafters that read them;
-        kv_bits: the target's keys and values quantized."""
+        the target's hidden states after a forward (`target.hidden_reader`), for drafters that read them, over
+        each prompt's last `hidden_tail` positions (None: all); kv_bits: the target's keys and values quantized."""
         if problem := batch_problem(model, drafter):
             raise SpecError(f"{problem}: use a batch size of 1")
         compat.check_batches()
@@ -106,7 +106,7 @@ class BatchedDecoder:
         self.model, self.tokenizer = model, tokenizer
         self.kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size}
         self.make_drafters = drafter.batched if drafter else None
-        self.read_hidden = read_hidden if drafter else None
+        self.read_hidden, self.hidden_tail = (read_hidden if drafter else None), hidden_tail
         self.policy = (BatchDraftLength(max_draft_len) if draft_len is None and drafter
                        else FixedDraftLength(draft_len if drafter else 0))
         self.name = drafter.name if drafter else "off"
@@ -159,7 +159,7 @@ class BatchedDecoder:
         while joining:
             row = joining[0]
             row.prefill = row.prefill or RaggedBatch(self.model, rows=1, **self.kv)
-            if row.prefill.extend(row.job.prompt[:-1], PREFILL_CHUNK, self.read_hidden):
+            if row.prefill.extend(row.job.prompt[:-1], self.read_hidden, self.hidden_tail):
                 joining.popleft()
                 batch.join(row.prefill)
                 if drafters:

@@ -412,7 +412,8 @@ class Engine:
         if problem := self.batch_problem():
             raise SpecError(f"{problem}: use a batch size of 1")
         return BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
-                              self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size)
+                              self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size,
+                              self.target.hidden_tail)
 
 
 def emit(new_tokens: list[int], accepted: int, generated: list[int], text: TextStream, eos, max_tokens: int):

@@ -291,6 +291,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     def sibling(name: str) -> Engine:
         return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden,
                            tree_width if name in ("draft-model", "ngram", "off") else 1, mtp_path)
+    runner.hidden_tail = getattr(chosen, "hidden_tail", None)
     engine = Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
                     available_drafters(target, draft_model, runner.tree_problem() is None, mtp_path) + ["off"])
     engine.lockstep = target.lockstep

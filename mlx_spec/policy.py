@@ -117,8 +117,8 @@ class BatchDraftLength:
     """The adaptive policy for a batch of `rows` rows (`resize`). A round's time depends on the tokens its target
     forward runs, rows x (1 + k), whatever the split: small forwards are bandwidth-bound (more tokens cost little),
     large ones compute-bound (they cost in proportion). So seconds are learnt per token count, shared by every
-    batch size as rows come and go, interpolated between the counts measured and extended along the last two
-    beyond them; the acceptance per draft position, a property of the text, is learnt once for all rows. Each
+    batch size as rows come and go, interpolated between the counts measured, extended along the last two beyond
+    them and in proportion below them; the acceptance per draft position, a property of the text, is learnt once for all rows. Each
     round drafts the k that maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at
     rows (plain steps) and 2 rows (one draft) first, and probing with one draft now and then while it is off."""
 
@@ -143,8 +143,8 @@ class BatchDraftLength:
         if below and above:
             low, high = below[-1], above[0]
             return self.seconds[low] + (self.seconds[high] - self.seconds[low]) * (tokens - low) / (high - low)
-        if above:
-            return self.seconds[above[0]]  # fewer tokens never cost more
+        if above:  # fewer tokens than measured (rows left): no less than in proportion, the cautious guess
+            return self.seconds[above[0]] * tokens / above[0]
         if len(below) < 2:  # one count measured: assume the forward compute-bound (the cautious guess)
             return self.seconds[below[-1]] * tokens / below[-1]
         low, high = below[-2], below[-1]

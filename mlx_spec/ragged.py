@@ -25,6 +25,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 
 from .caches import RecurrentCache
 from .models import qwen3_5
+from .target import hidden_from, next_piece
 
 STEP = 256  # columns added when the buffers grow
 
@@ -110,24 +111,25 @@ class RaggedBatch:
         return self.valid.sum(axis=1)
 
     @classmethod
-    def prefilled(cls, model, tokens: list[int], chunk: int = 512, **kv) -> "RaggedBatch":
+    def prefilled(cls, model, tokens: list[int], **kv) -> "RaggedBatch":
         """A batch of one row holding `tokens` (a prompt, before it joins a batch); `kv`: as the constructor's."""
         batch = cls(model, rows=1, **kv)
-        while not batch.extend(tokens, chunk):
+        while not batch.extend(tokens):
             pass
         return batch
 
-    def extend(self, tokens: list[int], chunk: int = 512, read_hidden=None) -> bool:
-        """Run the next `chunk` of `tokens` that this one-row batch does not hold yet; whether it now holds them
-        all (a prompt prefilled a chunk at a time). `read_hidden` (see `target.hidden_reader`): the hidden states
-        of what ran are appended to `hidden`, (n, H) a chunk."""
+    def extend(self, tokens: list[int], read_hidden=None, hidden_tail: int | None = None) -> bool:
+        """Run the next piece (`target.next_piece`) of `tokens` that this one-row batch does not hold yet; whether
+        it now holds them all (a prompt prefilled a piece at a time). `read_hidden` (see `target.hidden_reader`):
+        the hidden states of the last `hidden_tail` tokens (None: all) are appended to `hidden`, (n, H) a piece."""
         done = int(self.offsets[0])
+        tail = hidden_from(0, len(tokens), hidden_tail if read_hidden else 0)
+        end = next_piece(done, len(tokens), tail)
         if done < len(tokens):
-            part = tokens[done:done + chunk]
-            self.forward(mx.array([part], dtype=mx.int32), [len(part)])
-            self.hidden += [read_hidden()[0]] if read_hidden else []
+            self.forward(mx.array([tokens[done:end]], dtype=mx.int32), [end - done])
+            self.hidden += [read_hidden()[0]] if read_hidden and done >= tail else []
             mx.eval([c.state for c in self.caches], self.hidden[-1:])
-        return done + chunk >= len(tokens)
+        return end >= len(tokens)
 
     @staticmethod
     def problem(model) -> str | None:
@@ -230,6 +232,11 @@ class RaggedBatch:
         self._set_recurrent([states[-1] for states in self.states])
         for cache in self.recurrent:
             cache.saved.append((cache.cache[0], cache.cache[1]))
+
+    def forget(self, row: int) -> None:
+        """Row `row` holds nothing from now on: its columns become holes (attention layers only)."""
+        assert not self.recurrent, "a recurrent state cannot forget"
+        self.valid[row] = False
 
     def select(self, rows: list[int]) -> None:
         """Keep only `rows` (indices), in that order: finished sequences leave."""

@@ -68,6 +68,17 @@ def hidden_reader(model, hidden: str | list[int]):
     return lambda: mx.concatenate([layer.tapped for layer in layers], axis=-1)
 
 
+def hidden_from(start: int, end: int, tail: int | None) -> int:
+    """Where a prefill of positions start..end - 1 reads hidden states from, for the last `tail` (None: all)."""
+    return start if tail is None else max(start, end - tail)
+
+
+def next_piece(start: int, end: int, tail: int) -> int:
+    """Where the prefill piece from `start` ends: PREFILL_CHUNK positions, the hidden-state tail from `tail`
+    run apart (the rest runs without the layers only hidden states need: mlx evaluates what the cache needs)."""
+    return min(start + PREFILL_CHUNK, tail if start < tail else end)
+
+
 class Target:
     """`forward` appends positions to the cache; `rollback(n)` removes the last n, whatever the cache types."""
 
@@ -79,6 +90,9 @@ class Target:
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
         self.recurrent = qwen3_5.install(model)
         self.read_hidden = hidden_reader(model, hidden) if hidden else None
+        # a prefill returns them for its last `hidden_tail` positions only (None: all), what the drafter reads
+        # (its `hidden_tail`): the final norm's make the last layer run in full where they are read
+        self.hidden_tail: int | None = None
         self.tree_ready = False  # tree_problem() found none
         self.reset()
 
@@ -138,7 +152,7 @@ class Target:
     def prefill(self, tokens: list[int], cached: list[int] = ()) -> Step:
         """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback. The prefix
         it shares with `cached` (what the cache holds now) is reused when the cache allows. Returns the hidden
-        states of the positions it ran when they were asked for (no logits)."""
+        states of the last positions it ran (`hidden_tail` of them, or all) when they were asked for, no logits."""
         keep = self.reusable(cached, tokens)
         if keep:
             rollback(self.cache, self.offset - keep, self.offset)
@@ -147,11 +161,14 @@ class Target:
             self.reset()
         for cache in self.recurrent_caches:
             cache.capture = False
-        hidden = []
-        for start in range(keep, len(tokens), PREFILL_CHUNK):
-            step = self.forward(tokens[start:start + PREFILL_CHUNK])
-            mx.eval([c.state for c in self.cache], step.hidden)
-            hidden.append(step.hidden)
+        hidden, start = [], keep
+        tail = hidden_from(keep, len(tokens), self.hidden_tail if self.read_hidden else 0)
+        while start < len(tokens):
+            end = next_piece(start, len(tokens), tail)
+            step = self.forward(tokens[start:end])
+            hidden += [step.hidden] if self.read_hidden and start >= tail else []
+            mx.eval([c.state for c in self.cache], hidden[-1:])
+            start = end
         for cache in self.recurrent_caches:
             cache.release()
             cache.capture = True

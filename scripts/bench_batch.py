@@ -75,6 +75,11 @@ def main() -> int:
         reference = [plain.generate(p, max_tokens=args.tokens).tokens for p in prompts]  # one at a time
         print(f"\n{model}: BLAS {linux_blas.describe()}; {args.tokens} tokens per request, greedy, "
               f"{args.reps} repetition(s)", flush=True)
+        # untimed, once: first uses (self-checks, the first forwards of each shape) would count against B=1
+        batch_generate(plain.target.model, plain.tokenizer, prompts[:2], max_tokens=4, completion_batch_size=2,
+                       prefill_batch_size=2)
+        for engine in contenders.values():
+            dict(engine.generate_many([Job(p, max_tokens=4) for p in prompts[:2]], 2))
         speeds, same, acceptance = {}, {}, {}
         with Neighbours() as neighbours:
             for rep in range(args.reps):

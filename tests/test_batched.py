@@ -11,8 +11,10 @@ from test_sampling import assert_follows, exact_sequences, prompt_where_drafts_p
 
 import mlx_spec
 from mlx_spec.batched import BatchedDecoder, Job
+from mlx_spec.drafters.qwen_mtp import PROMPT_ROWS
 from mlx_spec.errors import SpecError
 from mlx_spec.loading import DEMO
+from mlx_spec.policy import FixedDraftLength
 from mlx_spec.ragged import RaggedBatch
 from mlx_spec.sampling import SamplingParams
 
@@ -84,6 +86,39 @@ def test_pinned_rows_draft_in_a_batch_as_alone(tiny, target, options):
         assert results[i].tokens == alone.tokens and results[i].from_draft == alone.from_draft, i
         assert results[i].stats.batch_size == 3
     assert sum(r.stats.accepted for r in results.values()) > 0
+
+
+class PausingPolicy(FixedDraftLength):
+    """Two drafts a round, but none in rounds 3 to PROMPT_ROWS + 10 (a pause of PROMPT_ROWS + 8 positions): by
+    round, so a row alone and the rows of a batch that all started together pause in the same rounds."""
+
+    def __init__(self):
+        super().__init__(2)
+        self.rounds = 0
+
+    def next_draft_len(self, remaining: int) -> int:
+        self.rounds += 1
+        return 0 if 3 <= self.rounds < 3 + PROMPT_ROWS + 8 else min(2, remaining - 1)
+
+
+def test_the_mtp_layer_starts_over_after_a_pause_in_a_batch_as_alone(monkeypatch):
+    """After more positions without drafting than it keeps rows for on a prompt (PROMPT_ROWS), the MTP layer
+    starts over on the last PROMPT_ROWS of them rather than building rows for the whole pause: in a batch as
+    alone, so every row's tokens and drafts equal decoding it alone (greedy and sampled rows)."""
+    engine = mlx_spec.load(str(DEMO / "demo"), drafter="mtp")
+    jobs = [Job(job.prompt, job.params, 48, seed=job.seed) for job in jobs_for(engine, sampled=True)[:3]]
+    forgotten, forget = [], RaggedBatch.forget
+    monkeypatch.setattr(RaggedBatch, "forget", lambda self, row: forgotten.append(row) or forget(self, row))
+    decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, engine.max_draft_len,
+                             engine.target.read_hidden, hidden_tail=engine.target.hidden_tail)
+    decoder.policy = PausingPolicy()
+    results = dict(decoder.run(jobs, 3))
+    assert sorted(forgotten) == [0, 1, 2]  # every row, once: after the pause
+    for i, job in enumerate(jobs):
+        engine.next_policy = PausingPolicy()
+        alone = engine.generate(job.prompt, job.params, job.max_tokens, [], job.seed)
+        assert results[i].tokens == alone.tokens and results[i].from_draft == alone.from_draft, i
+        assert any(results[i].from_draft[-16:]), i  # drafts pass after the pause
 
 
 @pytest.mark.parametrize("assistant", ["gemma4-assistant", "gemma4-assistant-dense"])  # masked / dense head

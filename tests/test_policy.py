@@ -123,12 +123,13 @@ def test_drafts_dearer_than_a_plain_step_are_named_as_such():
                            "draft gains")
 
 
-def drive_batch_policy(cost, rows: int, acceptance: float, rounds: int = 200) -> list[int]:
-    """BatchDraftLength over `rounds` rounds of `rows` rows whose drafts pass with probability `acceptance`
-    (seeded), a round of n forward tokens taking cost(n) seconds; returns the draft lengths it chose."""
+def drive_batch_policy(cost, rows: int, acceptance: float, rounds: int = 200, policy=None) -> list[int]:
+    """BatchDraftLength (`policy`, or a new one) over `rounds` rounds of `rows` rows whose drafts pass with
+    probability `acceptance` (seeded), a round of n forward tokens taking cost(n) seconds; returns the draft
+    lengths it chose."""
     import random
 
-    rng, policy, chosen = random.Random(0), BatchDraftLength(4), []
+    rng, policy, chosen = random.Random(0), policy or BatchDraftLength(4), []
     policy.resize(rows)
     for _ in range(rounds):
         k = policy.next_draft_len(1000)
@@ -148,3 +149,11 @@ def test_batches_draft_while_forwards_are_bandwidth_bound_and_stop_when_compute_
     # 16 rows: at the knee already; one draft costs 0.6 of a plain step and brings 0.8 of a token, two cost 1.4
     assert statistics.mean(drive_batch_policy(lambda tokens: max(1.0, 0.05 * tokens), rows=16,
                                               acceptance=0.8)[20:]) == pytest.approx(1, abs=0.2)
+
+
+def test_a_batch_whose_rows_leave_does_not_take_fewer_tokens_for_free():
+    """Compute-bound, 8 rows: off. When half the rows leave, a round of 4 rows x 2 tokens costs what the plain
+    8-row rounds cost, and 4 plain rows, never measured, are not assumed to cost as much: drafting stays off."""
+    policy, cost = BatchDraftLength(4), lambda tokens: 0.01 * tokens
+    drive_batch_policy(cost, rows=8, acceptance=0.7, rounds=100, policy=policy)
+    assert statistics.mean(k > 0 for k in drive_batch_policy(cost, rows=4, acceptance=0.7, policy=policy)) < 0.15

@@ -10,6 +10,7 @@ from helpers import PROMPT, edited_copy, plain_greedy
 from safetensors.numpy import load_file
 
 import mlx_spec
+from mlx_spec.drafters.qwen_mtp import PROMPT_ROWS
 from mlx_spec.errors import SpecError
 from mlx_spec.models.qwen3_5 import lm_head, text_model
 from mlx_spec.target import Target
@@ -128,10 +129,12 @@ def test_mtp_cache_is_rebuilt_from_verified_hidden_states(tiny, qwen35):
     assert result.stats.drafted > result.stats.accepted
     context = ids + result.tokens
     drafter = engine.drafter
-    rows = drafter.caches[0].offset  # MTP rows kept: one per target position whose successor is known
-    hidden = target_hidden(engine, context[: rows + 1])
-    expected = mtp_reference(w, cfg, w["model.language_model.embed_tokens.weight"][context[1:rows + 1]],
-                             hidden[:rows])
+    first = len(ids) - 1 - PROMPT_ROWS  # the rows start at the prompt's last PROMPT_ROWS positions
+    assert first > 0
+    end = first + drafter.caches[0].offset  # then one per target position whose successor is known
+    hidden = target_hidden(engine, context[:end + 1])
+    expected = mtp_reference(w, cfg, w["model.language_model.embed_tokens.weight"][context[first + 1:end + 1]],
+                             hidden[first:end])
     np.testing.assert_allclose(np.array(drafter.mtp_hidden[0]), expected[-1], atol=5e-4)
 
 
@@ -205,20 +208,22 @@ def test_mtp_failure_messages(tiny, tmp_path):
     assert_one_line_error(proc, "not an MLX checkpoint")
 
 
-def test_mtp_rows_after_a_reused_prefix_equal_fresh_ones(tiny):
-    """A follow-up turn keeps the MTP rows of the cached prefix and rebuilds the last: the MTP cache and the
-    first draft's logits equal those of a fresh engine on the whole prompt."""
+@pytest.mark.parametrize("prompt_len, added", [(6, 3), (12, PROMPT_ROWS + 4)])
+def test_mtp_rows_after_a_reused_prefix_equal_fresh_ones(tiny, prompt_len, added):
+    """A follow-up turn keeps the MTP rows of the cached prefix and rebuilds the last (or, when it adds more
+    than PROMPT_ROWS positions, starts over on its last PROMPT_ROWS): the MTP cache and the first draft's logits
+    equal those of a fresh engine on the whole prompt."""
     reused, fresh = (mlx_spec.load(str(tiny["qwen3_5"]), drafter="mtp", draft_len=2) for _ in range(2))
-    first = reused.encode(PROMPT)[:12]
-    follow_up = first + mlx_spec.generate(reused, first, max_tokens=10).tokens + [5, 6, 7]
+    first = reused.encode(PROMPT)[:prompt_len]
+    follow_up = first + mlx_spec.generate(reused, first, max_tokens=5).tokens + list(range(5, 5 + added))
     starts = []
     for engine, cached in ((reused, reused.cached_context[:reused.target.offset]), (fresh, [])):
         step = engine.target.prefill(follow_up[:-1], cached)
         engine.drafter.begin(follow_up, step)
         starts.append(step.start)
-    assert starts == [len(follow_up) - 4, 0] and reused.target.offset == fresh.target.offset
+    assert starts == [len(follow_up) - 1 - added, 0] and reused.target.offset == fresh.target.offset
     rows = fresh.drafter.caches[0].offset
-    assert reused.drafter.caches[0].offset == rows == len(follow_up) - 1
+    assert reused.drafter.caches[0].offset == rows == min(len(follow_up) - 1, PROMPT_ROWS)
     np.testing.assert_allclose(np.array(reused.drafter.caches[0].keys[..., :rows, :]),
                                np.array(fresh.drafter.caches[0].keys[..., :rows, :]), atol=1e-4)
     np.testing.assert_allclose(np.array(reused.drafter.next_logits), np.array(fresh.drafter.next_logits), atol=1e-3)

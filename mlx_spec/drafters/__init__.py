@@ -58,13 +58,15 @@ class Drafter(Protocol):
     `caches` (a list), for the memory report; one with figures of its own says them in `report()` (a line for
     the statistics) and one with a shape of its own names it in `shape`. One that drafts for a batch has
     `batched(target_batch)`, which returns the batch's drafter: `join(context, hidden)`, `select(rows)`,
-    `propose(contexts, lengths, params, keys)` and `accept(contexts, accepted, hidden)` (as `RowDrafters`)."""
+    `propose(contexts, lengths, params, keys)` and `accept(contexts, accepted, hidden)` (as `RowDrafters`). One
+    that reads the target's hidden states over the prompt's last positions only says how many in `hidden_tail`."""
 
     name: str
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         """Start a sequence whose tokens so far are `context`; the target has prefilled all but the last, and
-        `prompt_step.hidden` holds its hidden states there when the target was loaded to return them."""
+        `prompt_step.hidden` holds its hidden states at the last positions it ran when the target was loaded to
+        return them (all of them, or the drafter's `hidden_tail`)."""
 
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
         """Up to k tokens continuing `context`, sampled with `params` (may be lazy)."""

@@ -21,6 +21,7 @@ from .qwen_mtp import MTPDrafter
 
 class Eagle3Drafter(MTPDrafter):
     name = "eagle3"
+    hidden_tail = None  # rows for every prompt position: its features are layer inputs, which cost nothing extra
 
     def __init__(self, head: Eagle3, target_model):
         """The target must be run with `Target(..., hidden=feature_layers(...))`."""

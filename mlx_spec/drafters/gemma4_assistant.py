@@ -37,6 +37,7 @@ def shared_kv_sources(target_model) -> dict[str, int]:
 
 class AssistantDrafter:
     name = "assistant"
+    hidden_tail = 1  # of the prompt's hidden states it reads the last only
 
     def __init__(self, assistant: Gemma4Assistant, target: Target):
         """`target` must return post-norm hidden states (`Target(..., hidden="post")`)."""

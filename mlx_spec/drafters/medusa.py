@@ -20,6 +20,7 @@ from . import Draft, LastHiddenRows
 
 class MedusaDrafter:
     name = "medusa"
+    hidden_tail = 1  # of the prompt's hidden states it reads the last only
 
     def __init__(self, heads: MedusaHeads):
         """The target must be run with `Target(..., hidden="post")`."""
