@@ -389,12 +389,19 @@ class Engine:
         """Decode `jobs` (`batched.Job`s: token ids and their settings), `batch_size` at a time in one batch
         (`batched.BatchedDecoder`; 1: one after another with `generate`); yields (the job's index, its Result) as
         each finishes. Drafting as this engine's: its drafter (drafting for the batch: `batched(target_batch)`),
-        its pinned length or the adaptive policy (`policy.BatchDraftLength`)."""
+        its pinned length or the adaptive policy (`policy.BatchDraftLength`); a job's own `draft_len` first."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise SpecError(f"batch size must be a whole number >= 1, got {batch_size!r}")
         if batch_size == 1:
+            engine_policy = self.next_policy
             for index, job in enumerate(jobs):
-                yield index, self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed)
+                if job.draft_len is not None:
+                    self.next_policy = draft_policy(job.draft_len if self.drafter else 0, self.max_draft_len)
+                try:
+                    result = self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed)
+                finally:
+                    self.next_policy = engine_policy
+                yield index, result
             return
         yield from self._decoder(getattr(self.next_policy, "pinned", None)).run(jobs, batch_size)
 

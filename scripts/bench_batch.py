@@ -2,6 +2,7 @@
 
     python scripts/bench_batch.py [--models qwen2.5-coder-0.5b,demo --sizes 1,4,8,16 --tokens 32 --reps 1]
                                   [--draft-model qwen2.5-coder-0.5b]   # also the draft-model drafter (for 1.5B)
+                                  [--pins 0,1]   # also the MTP layer (else n-gram) with every job pinned to each
 
 For each model (float32, from scripts/real_models.py, or "demo": the built-in one) and batch size B, on the demo's
 held-out code prompts (max(8, B) of them, every one made to write exactly --tokens tokens), interleaved in one
@@ -48,6 +49,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--draft-model", help="a real model (name) to draft with as well, e.g. qwen2.5-coder-0.5b")
+    parser.add_argument("--pins", default="", help="draft lengths to also run the MTP layer (else n-gram) pinned "
+                        "to, every job's own (0: what the drafter costs when it drafts nothing)")
     args = parser.parse_args()
     sizes = [int(b) for b in args.sizes.split(",") if b]
     for model in args.models.split(","):
@@ -68,6 +71,9 @@ def main() -> int:
                                   drafter="draft-model", draft_len=None)
             contenders["mlx-spec, draft model"] = draft
         contenders["mlx-spec, ngram"].pin(None)
+        pinned = "mtp" if "mtp" in plain.drafters else "ngram"
+        pins = {f"mlx-spec, {pinned} pinned {k}": int(k) for k in args.pins.split(",") if k}
+        contenders.update((name, contenders[f"mlx-spec, {pinned}"]) for name in pins)
         plain.tokenizer.eos_token_ids = []  # every request makes exactly --tokens tokens
         for engine in contenders.values():
             engine.tokenizer.eos_token_ids = []
@@ -93,7 +99,7 @@ def main() -> int:
                     same[("mlx-lm batch_generate", size)] = sum(
                         list(t) == r for t, r in zip(out.token_ids, reference))
                     for name, engine in contenders.items():
-                        jobs = [Job(p, max_tokens=args.tokens) for p in batch]
+                        jobs = [Job(p, max_tokens=args.tokens, draft_len=pins.get(name)) for p in batch]
                         start = time.perf_counter()
                         results = dict(engine.generate_many(jobs, size))
                         seconds = time.perf_counter() - start

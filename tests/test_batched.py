@@ -121,6 +121,18 @@ def test_the_mtp_layer_starts_over_after_a_pause_in_a_batch_as_alone(monkeypatch
         assert any(results[i].from_draft[-16:]), i  # drafts pass after the pause
 
 
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_job_pinned_draft_length_holds_at_every_batch_size(tiny, batch_size):
+    """A job's own draft length holds whether it runs in a batch or, at batch size 1, alone; the engine's
+    adaptive policy runs the other jobs."""
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="ngram")
+    jobs = [Job(engine.encode(text), max_tokens=24, draft_len=pin) for text, pin in zip(TEXTS, [0, 3, None])]
+    results = dict(engine.generate_many(jobs, batch_size))
+    assert results[0].stats.drafted == 0 and results[0].stats.policy == "drafting off"
+    assert results[1].stats.policy == "draft length 3 (pinned)"
+    assert engine.status().draft_len is None and "pinned" not in results[2].stats.policy
+
+
 @pytest.mark.parametrize("assistant", ["gemma4-assistant", "gemma4-assistant-dense"])  # masked / dense head
 def test_a_gemma4_assistant_drafts_in_a_batch_what_it_drafts_alone(tiny, monkeypatch, assistant):
     """Every draft a Gemma 4 assistant proposes for a row of a batch equals what it proposes alone from the same

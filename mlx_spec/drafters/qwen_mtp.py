@@ -4,8 +4,9 @@ MTP row p pairs embed(t_{p+1}) with the target's hidden state h_p and predicts t
 from verified target states scores the first draft of the next round; each further draft feeds back the MTP
 layer's own post-norm output. After verification the draft-time rows are dropped; the rows for the
 accepted tokens and the target's own next token are rebuilt from the target's verified hidden states when the
-next draft is asked for, in one batched forward however many rounds ran without drafting (the policy's
-"off": no MTP work per round then). EAGLE-3 heads keep their rows the same way (drafters/eagle3.py).
+next draft is asked for, in one batched forward (the policy's "off": no MTP work per round then). Rows start at
+the prompt's last PROMPT_ROWS positions, and start over on the last PROMPT_ROWS after a longer pause in drafting.
+EAGLE-3 heads keep their rows the same way, but for every position (drafters/eagle3.py).
 `BatchedMTP` does the same for a batch: every row's rows in one RaggedBatch, built and drafted together.
 """
 
@@ -58,7 +59,7 @@ class MTPDrafter:
         first = len(context) - 1 - hidden.shape[0] if hidden is not None else len(context) - 1  # its position
         if 0 < first == prompt_step.start:
             self._catch_up()  # the previous sequence's rows, up to the reused prefix's last position
-            rollback(self.caches, 1, self.caches[0].offset)  # that one's pairs it with another next token
+            rollback(self.caches, 1, self.caches[0].offset)  # it paired that position with another next token
             hidden, first = mx.concatenate([self.last_hidden, hidden]), first - 1
         else:
             self.caches, self.pending = make_caches(self.mtp, MAX_DRAFT_LEN + 1), []
