@@ -3,7 +3,8 @@
 `FixedDraftLength` is what a user pins. `AdaptiveDraftLength` picks, every round, the length (and, for a
 drafter that can draft trees, whether to draft a chain or a tree) that maximises the expected tokens per second
 from what this run has measured, per shape: the acceptance at each draft position and the time of a round,
-T(k) = T(0) + slope * k. It turns drafting off (k = 0, plain decoding) when no length
+T(k) = T(0) (1 + slope * k), the slope learnt in plain steps, so that a machine that slows down or speeds up as
+a whole (other work on its cores) does not move break-even while drafting is off. It turns drafting off (k = 0, plain decoding) when no length
 beats plain decoding, and probes with a short draft now and then so it turns back on when the text becomes
 predictable again. Its `note` says what it decided and why.
 """
@@ -33,7 +34,7 @@ class Shape:
 
     def __init__(self, max_len: int, prior_acceptance: float):
         self.acceptance = [prior_acceptance] * max_len  # P(position j accepted | positions < j accepted)
-        self.slope: float | None = None  # extra seconds per drafted position
+        self.slope: float | None = None  # what each drafted position adds to a round, in plain steps
 
     def expected_tokens(self, k: int) -> float:
         """Tokens per round with k drafts: 1 + sum over i of the chance that drafts 1..i all pass."""
@@ -74,11 +75,11 @@ class AdaptiveDraftLength:
             k, self.width = 1, unmeasured[0]  # measure the cost of drafting with the cheapest draft: where
             # drafting cannot pay, exploring at the longest length cost ~13% of a short generation
         else:
-            rates = {(k, w): shape.expected_tokens(k) / (self.plain_time + shape.slope * k)
+            rates = {(k, w): shape.expected_tokens(k) / (1 + shape.slope * k)
                      for w, shape in self.shapes.items() for k in range(self.max_len + 1)}
             k, self.width = max(rates, key=rates.__getitem__)
             chain = self.shapes[min(self.shapes)]
-            break_even = chain.slope / self.plain_time
+            break_even = chain.slope
             # a cheap probe: has the text become predictable? The rarer, the closer break-even is to "always
             # right" (up to 8x rarer): a probe costs a round, and the cost of drafting does not change with the text
             if k == 0 and self.rounds % round(self.probe_every / max(1 - break_even, 1 / 8)) == 0:
@@ -109,7 +110,7 @@ class AdaptiveDraftLength:
         if draft_len == 0:
             self.plain_time = seconds if self.plain_time is None else d * self.plain_time + (1 - d) * seconds
         elif self.plain_time is not None:
-            slope = max(0.0, (seconds - self.plain_time) / draft_len)
+            slope = max(0.0, (seconds / self.plain_time - 1) / draft_len)
             shape.slope = slope if shape.slope is None else d * shape.slope + (1 - d) * slope
 
 

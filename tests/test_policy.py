@@ -157,3 +157,18 @@ def test_a_batch_whose_rows_leave_does_not_take_fewer_tokens_for_free():
     policy, cost = BatchDraftLength(4), lambda tokens: 0.01 * tokens
     drive_batch_policy(cost, rows=8, acceptance=0.7, rounds=100, policy=policy)
     assert statistics.mean(k > 0 for k in drive_batch_policy(cost, rows=4, acceptance=0.7, policy=policy)) < 0.15
+
+
+def test_a_machine_that_slows_down_as_a_whole_does_not_turn_drafting_on():
+    """A draft costs a plain step here, so even always-right drafts gain nothing. Once both are measured, other
+    work on the cores makes every round twice as slow. The cost of a draft is learnt in plain steps, so drafting
+    stays off but for the probes (seconds learnt apart made it look half as dear, and 66% acceptance pay)."""
+    import random
+
+    policy, rng, chosen = AdaptiveDraftLength(4), random.Random(0), []
+    for r in range(400):
+        k = policy.next_draft_len(1000)
+        accepted = next((j for j in range(k) if rng.random() > 0.66), k)
+        policy.observe(k, accepted, (1.0 if r < 10 else 2.0) * (1 + k))
+        chosen.append(k)
+    assert chosen[:10].count(0) < 10 and sum(k > 0 for k in chosen[10:]) <= 4
