@@ -12,6 +12,13 @@ predictable again. Its `note` says what it decided and why.
 from __future__ import annotations
 
 
+def probe_due(rounds: int, probe_every: int, break_even: float) -> bool:
+    """Whether round `rounds` probes with one draft while drafting is off: every `probe_every` rounds, the rarer
+    the closer break-even (the first-draft acceptance at which one draft pays) is to "always right", up to 8x
+    rarer. One round past each multiple: the multiples of 4 x probe_every re-measure plain steps instead."""
+    return rounds % round(probe_every / max(1 - break_even, 1 / 8)) == 1
+
+
 class FixedDraftLength:
     """Always `draft_len` (0 is plain decoding), never more than the tokens still wanted; trees of `width`."""
 
@@ -82,7 +89,7 @@ class AdaptiveDraftLength:
             break_even = chain.slope
             # a cheap probe: has the text become predictable? The rarer, the closer break-even is to "always
             # right" (up to 8x rarer): a probe costs a round, and the cost of drafting does not change with the text
-            if k == 0 and self.rounds % round(self.probe_every / max(1 - break_even, 1 / 8)) == 0:
+            if k == 0 and probe_due(self.rounds, self.probe_every, break_even):
                 k, self.width = 1, min(self.shapes)
             if k:
                 tree = f", trees of width {self.width}" if self.width > 1 else ""
@@ -165,7 +172,7 @@ class BatchDraftLength:
             rates = {k: self.chain.expected_tokens(k) / self.time(rows * (1 + k)) for k in range(self.max_len + 1)}
             k = max(rates, key=rates.__getitem__)
             break_even = (self.time(2 * rows) - plain) / plain
-            if k == 0 and self.rounds % round(self.probe_every / max(1 - break_even, 1 / 8)) == 0:
+            if k == 0 and probe_due(self.rounds, self.probe_every, break_even):
                 k = 1  # a cheap probe: has the text become predictable?
             self.note = (f"draft length {k} at {rows} rows: expected {self.chain.expected_tokens(k):.2f} tokens/round"
                          if k else f"drafting off at {rows} rows: a draft costs {break_even:.2f} plain steps, recent "

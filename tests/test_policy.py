@@ -123,6 +123,13 @@ def test_drafts_dearer_than_a_plain_step_are_named_as_such():
                            "draft gains")
 
 
+def test_drafting_off_still_probes_when_drafts_are_dear():
+    """Drafts dearer than a plain step: off, but probing 8x more rarely than every 16 rounds, not never (every
+    128th round was also a plain steps' re-measure, which took precedence)."""
+    chosen = run_rounds(AdaptiveDraftLength(max_len=3), 400, lambda r: 3, per_draft=1.5)
+    assert 2 <= sum(k > 0 for k in chosen[20:]) <= 4
+
+
 def drive_batch_policy(cost, rows: int, acceptance: float, rounds: int = 200, policy=None) -> list[int]:
     """BatchDraftLength (`policy`, or a new one) over `rounds` rounds of `rows` rows whose drafts pass with
     probability `acceptance` (seeded), a round of n forward tokens taking cost(n) seconds; returns the draft
