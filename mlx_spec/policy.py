@@ -4,9 +4,9 @@
 drafter that can draft trees, whether to draft a chain or a tree) that maximises the expected tokens per second
 from what this run has measured, per shape: the acceptance at each draft position and the time of a round,
 T(k) = T(0) (1 + slope * k), the slope learnt in plain steps, so that a machine that slows down or speeds up as
-a whole (other work on its cores) does not move break-even while drafting is off. It turns drafting off (k = 0, plain decoding) when no length
-beats plain decoding, and probes with a short draft now and then so it turns back on when the text becomes
-predictable again. Its `note` says what it decided and why.
+a whole (other work on its cores) does not move break-even while drafting is off. It turns drafting off (k = 0,
+plain decoding) when no length beats plain decoding, and probes with a short draft now and then so it turns back
+on when the text becomes predictable again. Its `note` says what it decided and why.
 """
 
 from __future__ import annotations
@@ -126,9 +126,10 @@ class BatchDraftLength:
     forward runs, rows x (1 + k), whatever the split: small forwards are bandwidth-bound (more tokens cost little),
     large ones compute-bound (they cost in proportion). So seconds are learnt per token count, shared by every
     batch size as rows come and go, interpolated between the counts measured, extended along the last two beyond
-    them and in proportion below them; the acceptance per draft position, a property of the text, is learnt once for all rows. Each
-    round drafts the k that maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at
-    rows (plain steps) and 2 rows (one draft) first, and probing with one draft now and then while it is off."""
+    them and in proportion below them; the acceptance per draft position, a property of the text, is learnt once
+    for all rows. Each round drafts the k that maximises expected tokens per second, E[N](k) / T(rows (1 + k)),
+    measuring T at rows (plain steps) and 2 rows (one draft) first, and probing with one draft now and then while
+    it is off."""
 
     def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.8, prior_acceptance: float = 0.7):
         self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
