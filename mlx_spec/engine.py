@@ -396,7 +396,7 @@ class Engine:
             engine_policy = self.next_policy
             for index, job in enumerate(jobs):
                 if job.draft_len is not None:
-                    self.next_policy = draft_policy(job.draft_len if self.drafter else 0, self.max_draft_len)
+                    self.pin(job.draft_len)
                 try:
                     result = self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed)
                 finally:

@@ -28,10 +28,13 @@ from . import Draft, draft_autoregressively, draft_batch
 PROMPT_ROWS = 16
 
 
-def window(pending: list[tuple[list[int], mx.array]], tail: int | None) -> tuple[list[int], mx.array]:
-    """The tokens and hidden states of `pending` rounds, their last `tail` only (None: all)."""
+def window(pending: list[tuple[list[int], mx.array]], tail: int | None) -> tuple[list[int], mx.array, bool]:
+    """The tokens and hidden states of `pending` rounds, their last `tail` only (None: all), and whether that
+    left some out (the layer then starts over on them)."""
     tokens, hidden = [t for chunk, _ in pending for t in chunk], mx.concatenate([h for _, h in pending])
-    return (tokens, hidden) if tail is None else (tokens[-tail:], hidden[-tail:])
+    if tail is None or len(tokens) <= tail:
+        return tokens, hidden, False
+    return tokens[-tail:], hidden[-tail:], True
 
 
 class MTPDrafter:
@@ -83,8 +86,8 @@ class MTPDrafter:
         """Build the rows of every round since the last draft, in one forward; after more than `hidden_tail`
         positions without drafting, the layer starts over on the last `hidden_tail` of them, as on a prompt."""
         if self.pending:
-            tokens, hidden = window(self.pending, self.hidden_tail)
-            if len(tokens) < sum(len(chunk) for chunk, _ in self.pending):
+            tokens, hidden, restart = window(self.pending, self.hidden_tail)
+            if restart:
                 self.caches = make_caches(self.mtp, MAX_DRAFT_LEN + 1)
             self._rows(tokens, hidden)
             self.pending = []
@@ -167,8 +170,8 @@ class BatchedMTP:
             return [Draft.empty() for _ in contexts]
         built, counts = [], []
         for row, pending in enumerate(self.pending):
-            tokens, hidden = window(pending, self.tail) if pending else ([], None)
-            if len(tokens) < sum(len(chunk) for chunk, _ in pending):
+            tokens, hidden, restart = window(pending, self.tail) if pending else ([], None, False)
+            if restart:
                 self.batch.forget(row)  # as alone: after a long pause the layer starts over on its last rows
             built.append(self.rows.inputs(tokens, hidden) if tokens else None)
             counts.append(len(tokens))
