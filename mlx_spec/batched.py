@@ -22,12 +22,13 @@ import mlx.core as mx
 
 from . import compat
 from .draft import Draft
-from .engine import Done, Result, Round, Text, TextStream, Token, emit
+from .engine import Done, Result, Round, Text, Token, emit
 from .errors import SpecError
 from .policy import BatchDraftLength, FixedDraftLength
 from .ragged import RaggedBatch, RaggedKVCache
 from .sampling import SamplingParams
 from .stats import Stats
+from .text_stream import TextStream
 from .verify import verify_draft
 
 MAX_BATCH = 32  # the default batch size's upper bound
@@ -129,6 +130,7 @@ class BatchedDecoder:
         stop reason "stopped". The batch's rows are `rows`, in order."""
         rows, joining, batch = [], deque(), RaggedBatch(self.model, **self.kv)
         drafters = self.make_drafters(batch) if self.make_drafters else None
+        self.plan = None  # the next round's, made during the last one (a plain step may already be running)
         while True:
             while len(rows) + len(joining) < batch_size and (item := take()) is not None:
                 joining.append(Row(*item, self.tokenizer, self.name))
@@ -138,7 +140,7 @@ class BatchedDecoder:
                 if joining:
                     continue
                 return
-            yield from self._round(batch, drafters, rows)
+            yield from self._round(batch, drafters, rows, ahead=not joining)
             for row in rows:
                 if not row.stop_reason and should_stop(row.key):
                     row.stop_reason = "stopped"
@@ -151,6 +153,7 @@ class BatchedDecoder:
                 if drafters:
                     drafters.select(staying)
                 rows = [rows[i] for i in staying]
+                self.plan = self.plan.select(staying) if self.plan and staying else None
 
     def _prefill(self, batch: RaggedBatch, drafters, rows: list[Row], joining: deque) -> None:
         """Prefill the first joining prompt by one chunk (every joining prompt whole while no row decodes: none
@@ -159,7 +162,7 @@ class BatchedDecoder:
         while joining:
             row = joining[0]
             row.prefill = row.prefill or RaggedBatch(self.model, rows=1, **self.kv)
-            if row.prefill.extend(row.job.prompt[:-1], self.read_hidden, self.hidden_tail):
+            if row.prefill.extend(row.job.prompt[:-1], self.read_hidden, self.hidden_tail) and not self.plan:
                 joining.popleft()
                 batch.join(row.prefill)
                 if drafters:
@@ -170,22 +173,57 @@ class BatchedDecoder:
             if decoding:
                 return
 
-    def _round(self, batch: RaggedBatch, drafters, rows: list[Row]) -> list[tuple[object, object]]:
-        """Draft for every row, verify all rows in one forward, keep each row's accepted drafts; returns the
-        rows' (key, Round / Token) events."""
+    def _plan(self, rows: list[Row], emitting: int = 0) -> "Plan":
+        """A round's draft length per row (the policy's, or the row's own pin) and keys, each row's keys split off
+        as alone; `emitting`: tokens the rows still emit before it (a plan made one round ahead)."""
         if isinstance(self.policy, BatchDraftLength):
             self.policy.resize(len(rows))
-        longest = self.policy.next_draft_len(max(row.job.max_tokens - len(row.generated) for row in rows))
-        start, lengths, draft_keys, verify_keys = time.perf_counter(), [], [], []
-        for row in rows:
+        remaining = [row.job.max_tokens - len(row.generated) - emitting for row in rows]
+        longest, plan = self.policy.next_draft_len(max(remaining)), Plan([], [], [])
+        for row, left in zip(rows, remaining):
             row.random, round_key = mx.random.split(row.random)
             draft_key, verify_key = mx.random.split(round_key)
             wanted = longest if row.job.draft_len is None else row.job.draft_len
-            lengths.append(max(0, min(wanted, row.job.max_tokens - len(row.generated) - 1)))
-            draft_keys.append(draft_key)
-            verify_keys.append(verify_key)
-        drafts = (drafters.propose([row.context for row in rows], lengths, [row.job.params for row in rows],
-                                   draft_keys) if drafters else [Draft.empty() for _ in rows])
+            plan.lengths.append(max(0, min(wanted, left - 1)))
+            plan.draft_keys.append(draft_key)
+            plan.verify_keys.append(verify_key)
+        return plan
+
+    def _plain_step(self, batch: RaggedBatch, rows: list[Row], plan: "Plan", last: mx.array) -> None:
+        """Start `plan`'s round, a plain step for every row (lazy, evaluation under way): the target's forward over
+        `last` (B, 1), each row's next token by its own rule and key."""
+        logits = batch.forward(last, [1] * len(rows))
+        hidden = self.read_hidden() if self.read_hidden else None
+        plan.step = (mx.stack([verify_draft(Draft.empty(), logits[i], row.job.params, row.context, key)[1]
+                               for i, (row, key) in enumerate(zip(rows, plan.verify_keys))]), hidden)
+        mx.async_eval(plan.step[0])
+
+    def _round(self, batch: RaggedBatch, drafters, rows: list[Row], ahead: bool) -> list[tuple[object, object]]:
+        """Draft for every row, verify all rows in one forward, keep each row's accepted drafts; returns the
+        rows' (key, Round / Token) events. A plain round (no row drafts) makes the next round's plan before its
+        tokens reach the host and, with `ahead` (no prompt waiting to join) and the next round plain too, starts
+        that one meanwhile (penalties, counted on the host, run one round at a time)."""
+        start, plan, self.plan = time.perf_counter(), self.plan or self._plan(rows), None
+        if any(plan.lengths) or any(row.job.params.has_penalties for row in rows):
+            return self._speculate(batch, drafters, rows, plan, start)
+        if plan.step is None:
+            self._plain_step(batch, rows, plan, mx.array([row.context[-1:] for row in rows], dtype=mx.int32))
+        tokens, hidden = plan.step
+        if max(row.job.max_tokens - len(row.generated) for row in rows) > 1:
+            self.plan = self._plan(rows, emitting=1)
+            if ahead and not any(self.plan.lengths):
+                self._plain_step(batch, rows, self.plan, tokens[:, None])
+        events = self._emit(rows, [Draft.empty()] * len(rows), [0] * len(rows), tokens.tolist())
+        if drafters:
+            drafters.accept([row.context for row in rows], [0] * len(rows), hidden)
+        self.policy.observe(0, 0, time.perf_counter() - start, rows=[(0, 0)] * len(rows))
+        return events
+
+    def _speculate(self, batch: RaggedBatch, drafters, rows: list[Row], plan: "Plan",
+                   start: float) -> list[tuple[object, object]]:
+        """A round with drafts (or penalties): draft, verify every row in one forward, keep what each accepts."""
+        drafts = (drafters.propose([row.context for row in rows], plan.lengths, [row.job.params for row in rows],
+                                   plan.draft_keys) if drafters else [Draft.empty() for _ in rows])
         width = 1 + max(d.tokens.shape[0] for d in drafts)
         inputs = mx.stack([mx.concatenate([mx.array(row.context[-1:], dtype=mx.int32), d.tokens,
                                            mx.zeros((width - 1 - d.tokens.shape[0],), dtype=mx.int32)])
@@ -194,13 +232,23 @@ class BatchedDecoder:
         logits = batch.forward(inputs, [1 + d.tokens.shape[0] for d in drafts])
         hidden = self.read_hidden() if self.read_hidden else None
         verdicts = [verify_draft(d, logits[i, :1 + d.tokens.shape[0]], row.job.params, row.context, key)
-                    for i, (row, d, key) in enumerate(zip(rows, drafts, verify_keys))]
+                    for i, (row, d, key) in enumerate(zip(rows, drafts, plan.verify_keys))]
         mx.eval([d.tokens for d in drafts], verdicts)  # the round's only host synchronisation
         accepted = [a.item() for a, _ in verdicts]
         batch.keep([a + 1 for a in accepted])
+        events = self._emit(rows, drafts, accepted, [next_token.item() for _, next_token in verdicts])
+        if drafters:
+            drafters.accept([row.context for row in rows], accepted, hidden)
+        self.policy.observe(width - 1, 0, time.perf_counter() - start,
+                            rows=[(d.tokens.shape[0], a) for d, a in zip(drafts, accepted)])
+        return events
+
+    def _emit(self, rows: list[Row], drafts: list[Draft], accepted: list[int],
+              next_tokens: list[int]) -> list[tuple[object, object]]:
+        """Each row's accepted drafts and next token into its context, statistics and events."""
         events = []
-        for row, d, a, (_, next_token) in zip(rows, drafts, accepted, verdicts):
-            new_tokens = d.tokens[:a].tolist() + [next_token.item()]
+        for row, d, a, next_token in zip(rows, drafts, accepted, next_tokens):
+            new_tokens = d.tokens[:a].tolist() + [next_token]
             verdict = Round(d.tokens.shape[0], a, d.tokens.shape[0])
             row.context += new_tokens
             row.stats.record_round(verdict)
@@ -208,11 +256,22 @@ class BatchedDecoder:
             tokens, row.stop_reason = emit(new_tokens, a, row.generated, row.text, self.tokenizer.eos_token_ids,
                                            row.job.max_tokens)
             events += [(row.key, event) for event in [verdict, *tokens]]
-        if drafters:
-            drafters.accept([row.context for row in rows], accepted, hidden)
-        self.policy.observe(width - 1, 0, time.perf_counter() - start,
-                            rows=[(d.tokens.shape[0], a) for d, a in zip(drafts, accepted)])
-        for row in rows:
-            row.stats.policy = (self.policy.note if row.job.draft_len is None or not drafters else
+            row.stats.policy = (self.policy.note if row.job.draft_len is None or not self.make_drafters else
                                 FixedDraftLength(row.job.draft_len).note)
         return events
+
+
+@dataclass
+class Plan:
+    """A round's draft length per row and keys, and, once its plain step runs, that step's (tokens, hidden)."""
+
+    lengths: list[int]
+    draft_keys: list[mx.array]
+    verify_keys: list[mx.array]
+    step: tuple[mx.array, mx.array | None] | None = None
+
+    def select(self, rows: list[int]) -> "Plan":
+        """The plan of the rows at `rows` (indices), those that stay."""
+        index = mx.array(rows, dtype=mx.int32)
+        step = self.step and (self.step[0][index], None if self.step[1] is None else self.step[1][index])
+        return Plan(*([part[i] for i in rows] for part in (self.lengths, self.draft_keys, self.verify_keys)), step)

@@ -21,7 +21,8 @@ from .policy import AdaptiveDraftLength, FixedDraftLength
 from .prompts import prompt_text, render_prompt
 from .sampling import SamplingParams
 from .stats import Stats
-from .target import MAX_DRAFT_LEN, Target
+from .text_stream import TextStream
+from .target import MAX_DRAFT_LEN, Step, Target
 from .verify import verify_draft, verify_tree
 
 
@@ -126,40 +127,6 @@ def draft_policy(draft_len: int | None, max_draft_len: int, tree_width: int = 1)
     return FixedDraftLength(draft_len, tree_width)
 
 
-class TextStream:
-    """Incremental detokenization that holds back text which could still become a stop string."""
-
-    def __init__(self, tokenizer, stop: list[str]):
-        self.detokenizer = tokenizer.detokenizer
-        self.stop = [s for s in stop if s]
-        self.holdback = max((len(s) for s in self.stop), default=1) - 1
-        self.shown = 0
-        self.stopped_at: int | None = None
-
-    def add(self, token: int) -> str:
-        self.detokenizer.add_token(token)
-        text = self.detokenizer.text  # read once: some detokenizers decode on every read
-        for s in self.stop:
-            i = text.find(s, max(0, self.shown - len(s)))
-            if i >= 0 and (self.stopped_at is None or i < self.stopped_at):
-                self.stopped_at = i
-        return self._emit(text, self.stopped_at if self.stopped_at is not None else len(text) - self.holdback)
-
-    def finish(self) -> str:
-        self.detokenizer.finalize()
-        text = self.detokenizer.text
-        return self._emit(text, self.stopped_at if self.stopped_at is not None else len(text))
-
-    def _emit(self, text: str, end: int) -> str:
-        piece = text[self.shown:end] if end > self.shown else ""
-        self.shown = max(self.shown, end)
-        return piece
-
-    @property
-    def text(self) -> str:
-        return self.detokenizer.text[: self.shown]
-
-
 class Engine:
     """A target model, its tokenizer and an optional drafter. `stream` yields Token / Text / Round / Done events.
 
@@ -261,32 +228,30 @@ class Engine:
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
 
-        text, generated, key = TextStream(self.tokenizer, list(stop)), [], mx.random.key(seed)
-        eos, stop_reason = self.tokenizer.eos_token_ids, None
-        while stop_reason is None:
-            self.policy = self.policy_now()  # a pin() from another thread takes effect here
-            key, round_key = mx.random.split(key)
-            draft_len = self.policy.next_draft_len(max_tokens - len(generated))
-            if self.tree_width > 1:
-                self.drafter.width = self.policy.width
-            round_start = time.perf_counter()
-            try:
-                verdict, new_tokens = self.speculate_round(context, draft_len, params, round_key)
-            except Exception:
-                self.cached_context = []  # the cache may hold a half-finished round: never reuse it
-                raise
-            seconds = time.perf_counter() - round_start
-            stop_now = self.stop_requested
-            if self.lockstep:  # every rank checks the tokens agree, and takes rank 0's time, stop and pin
-                seconds, stop_now = self.lockstep.agree(self, new_tokens, seconds, stop_now)
-            self.policy.observe(verdict.draft_len, verdict.accepted, seconds)
-            context += new_tokens
-            stats.record_round(verdict)
-            yield verdict
-            tokens, stop_reason = emit(new_tokens, verdict.accepted, generated, text, eos, max_tokens)
-            yield from tokens
-            if stop_reason is None and stop_now:
-                stop_reason = "stopped"
+        text, generated = TextStream(self.tokenizer, list(stop)), []
+        eos, stop_reason, tick = self.tokenizer.eos_token_ids, None, start
+        rounds = self.rounds(context, params, max_tokens, generated, mx.random.key(seed))
+        try:
+            while stop_reason is None:
+                try:
+                    verdict, new_tokens = next(rounds)
+                except Exception:
+                    self.cached_context = []  # the cache may hold a half-finished round: never reuse it
+                    raise
+                seconds, tick = time.perf_counter() - tick, time.perf_counter()  # from one round's end to the next
+                stop_now = self.stop_requested
+                if self.lockstep:  # every rank checks the tokens agree, and takes rank 0's time, stop and pin
+                    seconds, stop_now = self.lockstep.agree(self, new_tokens, seconds, stop_now)
+                self.policy.observe(verdict.draft_len, verdict.accepted, seconds)
+                context += new_tokens
+                stats.record_round(verdict)
+                yield verdict
+                tokens, stop_reason = emit(new_tokens, verdict.accepted, generated, text, eos, max_tokens)
+                yield from tokens
+                if stop_reason is None and stop_now:
+                    stop_reason = "stopped"
+        finally:
+            rounds.close()
 
         if tail := text.finish():
             yield Text(tail)
@@ -300,6 +265,62 @@ class Engine:
         if self.lockstep:
             self.lockstep.end()
         yield Done(stop_reason, text.text, generated, stats)
+
+    def decide(self, remaining: int) -> int:
+        """The next round's draft length (and tree width), by the policy in force (a `pin` takes effect here)."""
+        self.policy = self.policy_now()
+        draft_len = self.policy.next_draft_len(remaining)
+        if self.tree_width > 1:
+            self.drafter.width = self.policy.width
+        return draft_len
+
+    def pipelines(self, params: SamplingParams) -> bool:
+        """Whether plain rounds run one ahead, each queued before the last one's token reaches the host (as
+        mlx-lm's generate_step does): not across distributed ranks, and not with penalties, which count the
+        tokens on the host."""
+        return self.lockstep is None and not params.has_penalties
+
+    def plain_step(self, last: list[int] | mx.array, params: SamplingParams, key: mx.array,
+                   history: list[int]) -> tuple[Step, mx.array]:
+        """A plain round, lazy: the target's forward over `last` (a token id, or the token a step still running
+        picks) and the token it picks; what `speculate_round` does with no drafts, with the same randomness."""
+        step = self.target.forward(mx.array(last, dtype=mx.int32) if isinstance(last, list) else last)
+        _, token = verify_draft(Draft.empty(), step.logits, params, history, mx.random.split(key)[1])
+        return step, token.reshape(1)
+
+    def rounds(self, context: list[int], params: SamplingParams, max_tokens: int, generated: list[int],
+               key: mx.array) -> Iterator[tuple[Round, list[int]]]:
+        """A generation's rounds, as (its Round, the tokens to append to `context`); the caller appends them and
+        adds what it emits to `generated` before asking for the next. A plain round decides the next one before
+        its token reaches the host, and a plain next round is then already running (`pipelines`); when the
+        generation ends, such a step is removed from the cache."""
+        decided = queued = None  # the next round's (draft length, key), and its plain step when already running
+        try:
+            while True:
+                if decided is None:
+                    key, round_key = mx.random.split(key)
+                    decided = (self.decide(max_tokens - len(generated)), round_key)
+                (draft_len, round_key), decided = decided, None
+                if draft_len or not self.pipelines(params):
+                    yield self.speculate_round(context, draft_len, params, round_key)
+                    continue
+                step, token = queued or self.plain_step(context[-1:], params, round_key, context)
+                queued = None
+                self.target.rollback(0)  # releases what a recurrent cache kept, before the next step runs
+                if len(generated) + 1 < max_tokens:
+                    key, round_key = mx.random.split(key)
+                    decided = (self.decide(max_tokens - len(generated) - 1), round_key)
+                    if decided[0] == 0:
+                        queued = self.plain_step(token, params, round_key, context)
+                        mx.async_eval(queued[1])
+                new_tokens = [token.item()]
+                if self.drafter:
+                    self.drafter.accept(context + new_tokens, 0, step)
+                yield Round(0, 0), new_tokens
+        except GeneratorExit:
+            if queued:  # the step after the last token ran for nothing
+                self.target.rollback(1)
+            raise
 
     def speculate_round(self, context: list[int], draft_len: int, params: SamplingParams, key: mx.array,
                         seconds: dict | None = None):

@@ -141,3 +141,33 @@ def test_prompt_cache_is_reused_across_turns_exactly(tiny, family, options):
     result = mlx_spec.generate(engine, diverging, max_tokens=40)
     assert result.stats.reused_prompt_tokens == (20 if family == "qwen3" else 0)  # qwen3: full KV only
     assert result.tokens == plain_greedy(tiny[family], diverging, 40)
+
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_plain_steps_run_ahead_and_a_generation_that_ends_early_leaves_the_cache_exact(tiny, family):
+    """Drafting off, each plain step is queued before the last one's token reaches the host. A generation that
+    ends before max_tokens (a stop string; a consumer that stops reading) removes the step that ran for nothing:
+    a follow-up then reuses exactly the positions before its last token and decodes as plain decoding does."""
+    engine = mlx_spec.load(str(tiny[family]), drafter="off")
+    first = engine.encode(PROMPT)[:30]
+    reference = plain_greedy(tiny[family], first, 40)
+    text = engine.tokenizer.decode(reference)
+
+    def read_seven():
+        events, answer = mlx_spec.stream(engine, first, max_tokens=40), []
+        for event in events:
+            answer += [event.id] if isinstance(event, mlx_spec.Token) else []
+            if len(answer) == 7:
+                events.close()  # the consumer stops reading: the generator ends here
+        return answer
+
+    ends = {"stop string": lambda: mlx_spec.generate(engine, first, max_tokens=40, stop=[text[20:23]]).tokens,
+            "consumer gone": read_seven}
+    for how, end in ends.items():
+        answer = end()
+        assert answer == reference[:len(answer)] and len(answer) < 40, how
+        follow_up = first + answer + engine.encode("\nclass B:\n")
+        result = mlx_spec.generate(engine, follow_up, max_tokens=20)
+        assert result.stats.reused_prompt_tokens == len(first) + len(answer) - 1, how
+        assert result.tokens == plain_greedy(tiny[family], follow_up, 20), how
