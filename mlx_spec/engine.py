@@ -130,7 +130,8 @@ def draft_policy(draft_len: int | None, max_draft_len: int, tree_width: int = 1)
 class Engine:
     """A target model, its tokenizer and an optional drafter. `stream` yields Token / Text / Round / Done events.
 
-    `pin` and `stop` may be called from any thread: the generating thread picks them up at the next round."""
+    `pin` and `stop` may be called from any thread: the generating thread picks them up at the next round (a
+    pin at the next round it decides on: a plain round decides the one after it before it ends)."""
 
     def __init__(self, target: Target, tokenizer, drafter: Drafter | None = None, draft_len: int | None = 4,
                  max_draft_len: int = 4, sibling=None, drafters: list[str] = ("off",)):
@@ -151,7 +152,7 @@ class Engine:
 
     def pin(self, draft_len: int | None, tree_width: int | None = None) -> None:
         """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose; from the
-        next round on. tree_width: trees of at most the width the drafter was loaded with (1: chains); None:
+        next round decided on. tree_width: trees of at most the width the drafter was loaded with (1: chains); None:
         that width."""
         check_draft_len(draft_len)
         width = self.tree_width if tree_width is None else tree_width
