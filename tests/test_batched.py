@@ -292,3 +292,29 @@ def test_batch_cli_sizes_and_refusals(tiny, tmp_path):
     proc = run_cli("batch", str(requests), "-o", str(tmp_path / "zero.jsonl"), "--model", str(tiny["qwen3"]),
                    "--batch-size", "0")
     assert_one_line_error(proc, "--batch-size must be a whole number >= 1")
+
+
+def test_a_row_whose_ngram_is_not_found_drafts_its_last_tokens_continuation_in_the_padding():
+    """In a batch the forward runs every row as wide as the longest draft: a row whose suffix (2 tokens or more)
+    never appeared drafts what followed its last token the last time, no longer than that draft or its own
+    length (greedy rows: a sampled one drafts as alone, so that its seed gives the same tokens in any batch);
+    alone, and in a round where no row's suffix was found, it drafts nothing."""
+    from mlx_spec.drafters.ngram import NgramDrafter
+
+    repeats, unseen_pair, capped = [1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 10, 8], [7, 8, 9, 10, 8]
+    rows = NgramDrafter().batched(None)
+    for context in (repeats, unseen_pair, capped):
+        rows.join(context)
+    keys, params = [mx.random.key(0)] * 3, [SamplingParams()] * 3
+    drafts = rows.propose([repeats, unseen_pair, capped], [3, 4, 1], params, keys)
+    assert [d.tokens.tolist() for d in drafts] == [[4, 5, 1], [9, 10, 8], [9]]
+    sampled = [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams()]
+    assert [d.tokens.tolist() for d in rows.propose([repeats, unseen_pair, capped], [3, 4, 1], sampled, keys)] == [
+        [4, 5, 1], [], [9]]
+    alone = NgramDrafter()
+    alone.begin(unseen_pair, None)
+    assert alone.propose(unseen_pair, 4, SamplingParams(), keys[0]).tokens.tolist() == []
+    rows = NgramDrafter().batched(None)
+    for context in (unseen_pair, capped):
+        rows.join(context)
+    assert [d.tokens.tolist() for d in rows.propose([unseen_pair, capped], [3, 3], params[:2], keys[:2])] == [[], []]
