@@ -200,18 +200,18 @@ class BatchedDecoder:
 
     def _round(self, batch: RaggedBatch, drafters, rows: list[Row], ahead: bool) -> list[tuple[object, object]]:
         """Draft for every row, verify all rows in one forward, keep each row's accepted drafts; returns the
-        rows' (key, Round / Token) events. A plain round (no row drafts) makes the next round's plan before its
-        tokens reach the host and, with `ahead` (no prompt waiting to join) and the next round plain too, starts
-        that one meanwhile (penalties, counted on the host, run one round at a time)."""
+        rows' (key, Round / Token) events. A plain round (no row drafts), with `ahead` (no prompt waiting to
+        join), makes the next round's plan before its tokens reach the host and, when that one is plain too, starts
+        it meanwhile (penalties, counted on the host, run one round at a time)."""
         start, plan, self.plan = time.perf_counter(), self.plan or self._plan(rows), None
         if any(plan.lengths) or any(row.job.params.has_penalties for row in rows):
             return self._speculate(batch, drafters, rows, plan, start)
         if plan.step is None:
             self._plain_step(batch, rows, plan, mx.array([row.context[-1:] for row in rows], dtype=mx.int32))
         tokens, hidden = plan.step
-        if max(row.job.max_tokens - len(row.generated) for row in rows) > 1:
+        if ahead and max(row.job.max_tokens - len(row.generated) for row in rows) > 1:  # a pending plan holds joins
             self.plan = self._plan(rows, emitting=1)
-            if ahead and not any(self.plan.lengths):
+            if not any(self.plan.lengths):
                 self._plain_step(batch, rows, self.plan, tokens[:, None])
         events = self._emit(rows, [Draft.empty()] * len(rows), [0] * len(rows), tokens.tolist())
         if drafters:

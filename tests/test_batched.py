@@ -1,6 +1,8 @@
 """Batched speculative decoding: every row exact against decoding it alone, rows joining and leaving, one row's
 rollback leaving the others untouched, the sampled distribution with B > 1, and the refusals."""
 
+from collections import deque
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -320,3 +322,19 @@ def test_a_row_whose_ngram_is_not_found_drafts_its_last_tokens_continuation_in_t
     for context in (unseen_pair, capped):
         rows.join(context)
     assert [d.tokens.tolist() for d in rows.propose([unseen_pair, capped], [3, 3], params[:2], keys[:2])] == [[], []]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_a_queued_prompt_joins_as_soon_as_a_row_leaves_with_drafting_off(tiny, family):
+    """Plain rounds run one ahead, and a prompt waiting to join holds that back for a round: it joins while the
+    other row still decodes (continuous batching), and every row still decodes as it does alone."""
+    engine = mlx_spec.load(str(tiny[family]), drafter="off")
+    jobs = [Job(engine.encode(text), max_tokens=n) for text, n in zip(TEXTS, (4, 40, 30))]
+    waiting = deque(enumerate(jobs))
+    events = list(engine.stream_many(lambda: waiting.popleft() if waiting else None, 2))
+    first_of_last = next(i for i, (key, _) in enumerate(events) if key == 2)
+    done_of_second = next(i for i, (key, e) in enumerate(events) if key == 1 and isinstance(e, mlx_spec.Done))
+    assert first_of_last < done_of_second
+    for key, event in events:
+        if isinstance(event, mlx_spec.Done):
+            assert event.tokens == engine.generate(jobs[key].prompt, max_tokens=jobs[key].max_tokens).tokens, key

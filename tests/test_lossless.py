@@ -143,7 +143,6 @@ def test_prompt_cache_is_reused_across_turns_exactly(tiny, family, options):
     assert result.tokens == plain_greedy(tiny[family], diverging, 40)
 
 
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_plain_steps_run_ahead_and_a_generation_that_ends_early_leaves_the_cache_exact(tiny, family):
     """Drafting off, each plain step is queued before the last one's token reaches the host. A generation that
