@@ -298,30 +298,32 @@ def test_batch_cli_sizes_and_refusals(tiny, tmp_path):
     assert_one_line_error(proc, "--batch-size must be a whole number >= 1")
 
 
-def test_a_row_whose_ngram_is_not_found_drafts_its_last_tokens_continuation_in_the_padding():
-    """In a batch the forward runs every row as wide as the longest draft: a row whose suffix (2 tokens or more)
-    never appeared drafts what followed its last token the last time, no longer than that draft or its own
-    length (greedy rows: a sampled one drafts as alone, so that its seed gives the same tokens in any batch);
-    alone, and in a round where no row's suffix was found, it drafts nothing."""
+def test_ngram_chains_continue_down_to_the_last_token_and_past_the_end_of_their_copy_alone_and_in_a_batch():
+    """A chain comes from the latest occurrence of the longest suffix found, down to the last token alone, and a
+    copy that runs into the end of the text goes on from the latest occurrence of its own new suffix; a last
+    token never seen drafts nothing. A batch's rows draft exactly as alone, greedy or sampled; trees still need a
+    suffix of min_ngram tokens."""
     from mlx_spec.drafters.ngram import NgramDrafter
 
-    repeats, unseen_pair, capped = [1, 2, 3, 4, 5, 1, 2, 3], [7, 8, 9, 10, 8], [7, 8, 9, 10, 8]
-    rows = NgramDrafter().batched(None)
-    for context in (repeats, unseen_pair, capped):
-        rows.join(context)
-    keys, params = [mx.random.key(0)] * 3, [SamplingParams()] * 3
-    drafts = rows.propose([repeats, unseen_pair, capped], [3, 4, 1], params, keys)
-    assert [d.tokens.tolist() for d in drafts] == [[4, 5, 1], [9, 10, 8], [9]]
-    sampled = [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams()]
-    assert [d.tokens.tolist() for d in rows.propose([repeats, unseen_pair, capped], [3, 4, 1], sampled, keys)] == [
-        [4, 5, 1], [], [9]]
-    alone = NgramDrafter()
-    alone.begin(unseen_pair, None)
-    assert alone.propose(unseen_pair, 4, SamplingParams(), keys[0]).tokens.tolist() == []
-    rows = NgramDrafter().batched(None)
-    for context in (unseen_pair, capped):
-        rows.join(context)
-    assert [d.tokens.tolist() for d in rows.propose([unseen_pair, capped], [3, 3], params[:2], keys[:2])] == [[], []]
+    cases = [([1, 2, 3, 4, 5, 1, 2, 3], 3, [4, 5, 1]),  # the 3-gram (1, 2, 3)
+             ([7, 8, 9, 10, 8], 4, [9, 10, 8, 9]),  # only the last token (8) was seen: its copy, then (8,)'s again
+             ([9, 1, 2, 1, 2], 3, [1, 2, 1]),  # (1, 2)'s copy ends at the text's end: then (1, 2, 1, 2)'s suffix
+             ([4, 5, 1, 2, 6, 7, 2], 2, [6, 7]),  # (7, 2) unseen: (2,)'s latest continuation
+             ([5, 6, 7, 8], 3, [])]  # 8 never seen before
+    keys = [mx.random.key(0)] * len(cases)
+    for params in ([SamplingParams()] * len(cases), [SamplingParams(temperature=1.0)] * len(cases)):
+        rows = NgramDrafter().batched(None)
+        for context, _, _ in cases:
+            rows.join(context)
+        batched = rows.propose([c for c, _, _ in cases], [k for _, k, _ in cases], params, keys)
+        assert [d.tokens.tolist() for d in batched] == [want for _, _, want in cases]
+        for (context, k, want), p in zip(cases, params):
+            alone = NgramDrafter()
+            alone.begin(context, None)
+            assert alone.propose(context, k, p, keys[0]).tokens.tolist() == want
+    tree = NgramDrafter(width=2)
+    tree.begin([7, 8, 9, 10, 8], None)
+    assert tree.propose([7, 8, 9, 10, 8], 3, SamplingParams(), keys[0]).tokens.tolist() == []
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
