@@ -6,10 +6,13 @@ from what this run has measured, per shape: the acceptance at each draft positio
 T(k) = T(0) (1 + slope * k), the slope learnt in plain steps, so that a machine that slows down or speeds up as
 a whole (other work on its cores) does not move break-even while drafting is off. It turns drafting off (k = 0,
 plain decoding) when no length beats plain decoding, and probes with a short draft now and then so it turns back
-on when the text becomes predictable again. Its `note` says what it decided and why.
+on when the text becomes predictable again or drafts turn out cheaper than measured (a probe is two rounds: the
+first, resuming, says nothing of the cost; the second's counts for half). Its `note` says what it decided and why.
 """
 
 from __future__ import annotations
+
+PROBE_WEIGHT = 0.5  # a draft's cost measured by a probe, against the estimate from before drafting stopped
 
 
 def probe_due(rounds: int, probe_every: int, break_even: float) -> bool:
@@ -66,6 +69,7 @@ class AdaptiveDraftLength:
         self.rounds = 0
         self.warmed_up = set()  # widths seen once (0: plain steps): a first round compiles and fills caches
         self.previous_len = None
+        self.uncosted = False  # the last round drafted but its time said nothing of a draft's cost
         self.draft_len, self.width, self.widest = max_len, widths[0], widths[-1]
         self.note = f"adaptive draft length, up to {max_len}" + (f", chains or trees of width {widths[-1]}"
                                                                   if len(widths) > 1 else "")
@@ -89,7 +93,9 @@ class AdaptiveDraftLength:
             break_even = chain.slope
             # a cheap probe: has the text become predictable? The rarer, the closer break-even is to "always
             # right" (up to 8x rarer): a probe costs a round, and the cost of drafting does not change with the text
-            if k == 0 and probe_due(self.rounds, self.probe_every, break_even):
+            # or the probe's second round: the first resumed drafting (no cost signal), and a cost once
+            # overestimated would otherwise keep drafting off for good
+            if k == 0 and (self.uncosted or probe_due(self.rounds, self.probe_every, break_even)):
                 k, self.width = 1, min(self.shapes)
             if k:
                 tree = f", trees of width {self.width}" if self.width > 1 else ""
@@ -103,22 +109,26 @@ class AdaptiveDraftLength:
         self.draft_len = k
         return max(0, min(k, remaining - 1))
 
-    def observe(self, draft_len: int, accepted: int, seconds: float) -> None:
-        """Learn from a finished round: how far its drafts got, and how long it took."""
+    def observe(self, draft_len: int, accepted: int, seconds: float | None) -> None:
+        """Learn from a finished round: how far its drafts got, and how long it took (None: not known)."""
         d, shape = self.decay, self.shapes[self.width]
         for j in range(min(draft_len, accepted + 1)):  # positions the verifier actually judged
             shape.acceptance[j] = d * shape.acceptance[j] + (1 - d) * (j < accepted)
         kind = self.width if draft_len else 0
         first_of_kind = kind not in self.warmed_up
         resumed, self.previous_len = draft_len > 0 and self.previous_len == 0, draft_len
+        fresh, self.uncosted = self.uncosted, resumed  # fresh: a probe's second round, the first cost in a while
         if first_of_kind or resumed:  # compiling, or a drafter catching up on the rounds it sat out: no cost signal
             self.warmed_up.add(kind)
+            return
+        if seconds is None:
             return
         if draft_len == 0:
             self.plain_time = seconds if self.plain_time is None else d * self.plain_time + (1 - d) * seconds
         elif self.plain_time is not None:
             slope = max(0.0, (seconds / self.plain_time - 1) / draft_len)
-            shape.slope = slope if shape.slope is None else d * shape.slope + (1 - d) * slope
+            w = PROBE_WEIGHT if fresh else 1 - d
+            shape.slope = slope if shape.slope is None else (1 - w) * shape.slope + w * slope
 
 
 class BatchDraftLength:
