@@ -92,8 +92,8 @@ class AdaptiveDraftLength:
             chain = self.shapes[min(self.shapes)]
             break_even = chain.slope
             # a cheap probe: has the text become predictable? The rarer, the closer break-even is to "always
-            # right" (up to 8x rarer): a probe costs a round, and the cost of drafting does not change with the text
-            # or the probe's second round: the first resumed drafting (no cost signal), and a cost once
+            # right" (up to 8x rarer): a probe costs two rounds, and the cost of drafting does not change with the
+            # text. Or the probe's second round: the first resumed drafting (no cost signal), and a cost once
             # overestimated would otherwise keep drafting off for good
             if k == 0 and (self.uncosted or probe_due(self.rounds, self.probe_every, break_even)):
                 k, self.width = 1, min(self.shapes)
