@@ -34,7 +34,8 @@ def test_float_round_trip_keeps_mtp_and_loads_everywhere(tiny, tmp_path, family)
 def test_quantized_round_trip(tiny, tmp_path):
     out = tmp_path / "q8"
     assert converted_q8(tiny["qwen3_5"], out)["mtp_quantization"] == {"group_size": 32, "bits": 8}
-    engine = mlx_spec.load(str(out))
+    # pinned: the answer ends after 5 tokens, before a fresh adaptive policy has timed its first rounds
+    engine = mlx_spec.load(str(out), draft_len=2)
     assert type(engine.drafter.mtp.fc).__name__ == "QuantizedLinear"
     ids = engine.encode(PROMPT)
     result = mlx_spec.generate(engine, ids, max_tokens=60)
