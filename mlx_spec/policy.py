@@ -117,7 +117,8 @@ class AdaptiveDraftLength:
         kind = self.width if draft_len else 0
         first_of_kind = kind not in self.warmed_up
         resumed, self.previous_len = draft_len > 0 and self.previous_len == 0, draft_len
-        fresh, self.uncosted = self.uncosted, resumed  # fresh: a probe's second round, the first cost in a while
+        # fresh: the round after one that resumed drafting (a probe's second), the first cost since drafting paused
+        fresh, self.uncosted = self.uncosted, resumed
         if first_of_kind or resumed:  # compiling, or a drafter catching up on the rounds it sat out: no cost signal
             self.warmed_up.add(kind)
             return
