@@ -56,6 +56,7 @@ class Row:
         self.stats = Stats(drafter=drafter_name, prompt_tokens=len(job.prompt))
         self.stop_reason: str | None = None
         self.prefill: RaggedBatch | None = None  # its prompt's cache while it is prefilled, before it joins
+        self.read_hidden = None  # what reads the hidden states its prompt's prefill keeps (None: none kept)
         self.started = time.perf_counter()
 
     def finish(self) -> list:
@@ -161,8 +162,12 @@ class BatchedDecoder:
         decoding = bool(rows)
         while joining:
             row = joining[0]
-            row.prefill = row.prefill or RaggedBatch(self.model, rows=1, **self.kv)
-            if row.prefill.extend(row.job.prompt[:-1], self.read_hidden, self.hidden_tail) and not self.plan:
+            if row.prefill is None:  # the hidden states its drafter reads, unless drafting does not pay at this size
+                row.prefill = RaggedBatch(self.model, rows=1, **self.kv)
+                drafts = self.policy.drafts_at(len(rows) + len(joining)) if row.job.draft_len is None else \
+                    row.job.draft_len > 0
+                row.read_hidden = self.read_hidden if drafts else None
+            if row.prefill.extend(row.job.prompt[:-1], row.read_hidden, self.hidden_tail) and not self.plan:
                 joining.popleft()
                 batch.join(row.prefill)
                 if drafters:

@@ -34,6 +34,9 @@ class FixedDraftLength:
     def next_draft_len(self, remaining: int) -> int:
         return max(0, min(self.draft_len, remaining - 1))
 
+    def drafts_at(self, rows: int) -> bool:
+        return self.draft_len > 0
+
     def observe(self, draft_len: int, accepted: int, seconds: float,
                 rows: list[tuple[int, int]] | None = None) -> None:
         pass
@@ -132,20 +135,26 @@ class AdaptiveDraftLength:
             shape.slope = slope if shape.slope is None else (1 - w) * shape.slope + w * slope
 
 
+STALE = 16  # rounds after which BatchDraftLength's estimate of a position no round reached is tried again
+
+
 class BatchDraftLength:
     """The adaptive policy for a batch of `rows` rows (`resize`). A round's time depends on the tokens its target
     forward runs, rows x (1 + k), whatever the split: small forwards are bandwidth-bound (more tokens cost little),
-    large ones compute-bound (they cost in proportion). So seconds are learnt per token count, shared by every
-    batch size as rows come and go, interpolated between the counts measured, extended along the last two beyond
-    them and in proportion below them; the acceptance per draft position, a property of the text, is learnt once
-    for all rows. Each round drafts the k that maximises expected tokens per second, E[N](k) / T(rows (1 + k)),
-    measuring T at rows (plain steps) and 2 rows (one draft) first, and probing with one draft now and then while
-    it is off."""
+    large ones compute-bound (they cost in proportion), and between the two not always monotone (BLAS blocks some
+    sizes better). So seconds are learnt per token count, shared by every batch size as rows come and go,
+    interpolated between the counts measured, in proportion below them and, beyond them, along the least growth
+    measured between two: the optimist's guess, one length past the counts measured at a time, measured (in two
+    rounds) if it pays. What is learnt of the text once for all rows: the share of rows that draft at all (an
+    n-gram drafter may find nothing) and the acceptance per draft position of those that do. Each round drafts the
+    k that maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at rows (plain steps) and
+    2 rows (one draft) first, and probing with one draft now and then while it is off."""
 
     def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.8, prior_acceptance: float = 0.7):
         self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
-        self.chain = Shape(max_len, prior_acceptance)
-        self.judged = [False] * max_len  # positions some round judged (the others keep the prior)
+        self.chain = Shape(max_len, prior_acceptance)  # the acceptance of rows that draft
+        self.share = 1.0  # of the rows asked to draft, those that drafted something
+        self.judged = [-STALE] * max_len  # the round that last judged each position
         self.seconds: dict[int, float] = {}  # tokens in the target's forward -> seconds of the round
         self.seen: set[int] = set()  # token counts run once (a first run compiles: no cost signal)
         self.rows, self.rounds, self.draft_len = 1, 0, 0
@@ -167,9 +176,12 @@ class BatchDraftLength:
             return self.seconds[above[0]] * tokens / above[0]
         if len(below) < 2:  # one count measured: assume the forward compute-bound (the cautious guess)
             return self.seconds[below[-1]] * tokens / below[-1]
-        low, high = below[-2], below[-1]
-        slope = max(0.0, (self.seconds[high] - self.seconds[low]) / (high - low))
-        return self.seconds[high] + slope * (tokens - high)
+        slope = min(max(0.0, (self.seconds[b] - self.seconds[a]) / (b - a)) for a, b in zip(known, known[1:]))
+        return self.seconds[known[-1]] + slope * (tokens - known[-1])  # the optimist's guess: the least growth seen
+
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a row gets from a round of k drafts: 1, and what drafting rows add, for the share that draft."""
+        return 1 + self.share * (self.chain.expected_tokens(k) - 1)
 
     def next_draft_len(self, remaining: int) -> int:
         self.rounds += 1
@@ -180,36 +192,54 @@ class BatchDraftLength:
         elif len(self.seconds) < 2:
             k = 0 if 2 * rows in self.seconds else 1  # a second token count to draw the line through
         else:
-            self.explore()
-            rates = {k: self.chain.expected_tokens(k) / self.time(rows * (1 + k)) for k in range(self.max_len + 1)}
-            k = max(rates, key=rates.__getitem__)
+            k = self.best(rows)
             break_even = (self.time(2 * rows) - plain) / plain
             if k == 0 and probe_due(self.rounds, self.probe_every, break_even):
                 k = 1  # a cheap probe: has the text become predictable?
-            self.note = (f"draft length {k} at {rows} rows: expected {self.chain.expected_tokens(k):.2f} tokens/round"
+            self.note = (f"draft length {k} at {rows} rows: expected {self.expected_tokens(k):.2f} tokens/round"
                          if k else f"drafting off at {rows} rows: a draft costs {break_even:.2f} plain steps, recent "
                                    f"first-draft acceptance {self.chain.acceptance[0]:.0%}")
         self.draft_len = k
         return max(0, min(k, remaining - 1))
 
+    def best(self, rows: int) -> int:
+        """The draft length expected to make the most tokens per second at `rows` rows (two token counts measured)."""
+        self.explore()
+        largest, rates = max(self.seconds), {}
+        for k in range(self.max_len + 1):
+            rates[k] = self.expected_tokens(k) / self.time(rows * (1 + k))
+            if rows * (1 + k) > largest:
+                break  # the first length past the counts measured, at the optimist's guess: the others wait for it
+        return max(rates, key=rates.__getitem__)
+
+    def drafts_at(self, rows: int) -> bool:
+        """Whether a row joining a batch of `rows` rows is worth readying to draft (the drafter's work on its prompt):
+        yes until the costs measured say drafting does not pay at that size; its drafter then starts on the
+        positions it decodes, if drafting turns on (probes included)."""
+        return len(self.seconds) < 2 or self.best(rows) > 0
+
     def explore(self) -> None:
-        """A position never judged is taken to pass as often as the one before it (not at the prior): else a
-        policy that found one draft paying would never learn whether two do."""
+        """A position no round judged of late (STALE rounds) is taken to pass as often as the one before it, not
+        at its old estimate: else a policy that found one draft paying would never learn whether two do, nor
+        again after a few unlucky rounds judged the second."""
         for j in range(1, self.max_len):
-            if not self.judged[j]:
+            if self.rounds - self.judged[j] > STALE:
                 self.chain.acceptance[j] = self.chain.acceptance[j - 1]
 
     def observe(self, draft_len: int, accepted: int, seconds: float,
                 rows: list[tuple[int, int]] | None = None) -> None:
         """Learn from a finished round: `rows` holds each row's (drafts, accepted); `draft_len` is the longest
-        draft, which every row paid for. Each position's acceptance moves once per round, by the share of the rows
-        that reached it and got a token there: a row that drafted fewer (n-gram found no more) gained nothing."""
+        draft, which every row paid for. The share of rows that drafted moves once per round, and so does each
+        position's acceptance, by the share of the drafting rows that reached it and got a token there: one that
+        drafted fewer (n-gram found no more) gained nothing."""
         d, rows = self.decay, rows or [(draft_len, accepted)]
+        if draft_len:
+            self.share = d * self.share + (1 - d) * sum(drafts > 0 for drafts, _ in rows) / len(rows)
         for j in range(draft_len):
-            judged = [j < kept for _, kept in rows if j <= kept]
+            judged = [j < kept for drafts, kept in rows if drafts and j <= kept]
             if judged:
                 self.chain.acceptance[j] = d * self.chain.acceptance[j] + (1 - d) * sum(judged) / len(judged)
-                self.judged[j] = True
+                self.judged[j] = self.rounds
         tokens = len(rows) * (1 + draft_len)
         if tokens not in self.seen:
             self.seen.add(tokens)

@@ -107,6 +107,10 @@ class RandomDraftLengths:
             self.run, self.width = [length] * self.rng.randint(1, 12), self.rng.choice(self.widths)
         return max(0, min(self.run.pop(), remaining - 1))
 
+    def drafts_at(self, rows):
+        """A joining row readied to draft half the time (else its drafter starts on the positions it decodes)."""
+        return self.rng.random() < 0.5
+
     def observe(self, draft_len, accepted, seconds, rows=None):
         pass
 

@@ -126,6 +126,41 @@ def test_the_mtp_layer_starts_over_after_a_pause_in_a_batch_as_alone(monkeypatch
         assert any(results[i].from_draft[-16:]), i  # drafts pass after the pause
 
 
+class UnreadiedRows(FixedDraftLength):
+    """Rows join where drafting does not pay (`drafts_at`); two drafts a round from the third round on."""
+
+    def __init__(self):
+        super().__init__(2)
+        self.rounds = 0
+
+    def drafts_at(self, rows: int) -> bool:
+        return False
+
+    def next_draft_len(self, remaining: int) -> int:
+        self.rounds += 1
+        return 0 if self.rounds < 3 else min(2, remaining - 1)
+
+
+def test_a_row_joining_where_drafting_does_not_pay_skips_its_prompt_rows_and_drafts_from_what_it_decodes(monkeypatch):
+    """A row that joins a batch size where drafting does not pay is prefilled without the hidden states the MTP
+    layer's prompt rows need (the target's last layer is not run in full over the prompt's tail); when drafting
+    turns on, the layer drafts from the positions the row decoded, and every row equals plain decoding."""
+    engine = mlx_spec.load(str(DEMO / "demo"), drafter="mtp")
+    jobs = jobs_for(engine)[:4]
+    read, extend = [], RaggedBatch.extend
+    monkeypatch.setattr(RaggedBatch, "extend", lambda self, tokens, read_hidden=None, tail=None:
+                        read.append(read_hidden) or extend(self, tokens, read_hidden, tail))
+    decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, engine.max_draft_len,
+                             engine.target.read_hidden, hidden_tail=engine.target.hidden_tail)
+    decoder.policy = UnreadiedRows()
+    results = dict(decoder.run(jobs, 2))
+    assert read and all(reader is None for reader in read)
+    plain = engine.with_drafter("off")
+    for i, job in enumerate(jobs):
+        assert results[i].tokens == plain.generate(job.prompt, max_tokens=job.max_tokens).tokens, i
+    assert sum(r.stats.accepted for r in results.values()) > 0
+
+
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_a_job_pinned_draft_length_holds_at_every_batch_size(tiny, batch_size):
     """A job's own draft length holds whether it runs in a batch or, at batch size 1, alone; the engine's

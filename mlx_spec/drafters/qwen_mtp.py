@@ -148,7 +148,8 @@ class BatchedMTP:
 
     def join(self, context: list[int], hidden: mx.array | None) -> None:
         """A row whose prompt is `context`; `hidden` (n, H): the target's states over the last n positions before
-        its last token. Its rows are built now but the last, which scores its first draft."""
+        its last token. Its rows are built now but the last, which scores its first draft. Without them (None) the
+        row gets rows from the positions it decodes, as after a pause."""
         alone, first = RaggedBatch(self.rows, rows=1), len(context) - 1 - (0 if hidden is None else hidden.shape[0])
         for start in range(first, len(context) - 2, PREFILL_CHUNK):
             end = min(start + PREFILL_CHUNK, len(context) - 2)
@@ -156,7 +157,7 @@ class BatchedMTP:
             alone.forward(inputs[None], [end - start])
             mx.eval([c.state for c in alone.caches])
         self.batch.join(alone)
-        self.pending.append([(context[-1:], hidden[-1:])] if len(context) > 1 else [])
+        self.pending.append([(context[-1:], hidden[-1:])] if len(context) > 1 and hidden is not None else [])
 
     def select(self, rows: list[int]) -> None:
         self.batch.select(rows)
