@@ -222,7 +222,7 @@ class Engine:
         mx.reset_peak_memory()
         start = time.perf_counter()
         cached, self.cached_context = self.cached_context, []  # unknown while the prefill runs
-        prompt_step = self.target.prefill(context[:-1], cached)
+        prompt_step = self.target.prefill(context[:-1], cached, hidden=self.policy.drafts_at(1))
         self.cached_context = context  # extended in place below, so it always describes the cache
         stats.reused_prompt_tokens = prompt_step.start
         if self.drafter:

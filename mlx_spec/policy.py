@@ -89,9 +89,7 @@ class AdaptiveDraftLength:
             k, self.width = 1, unmeasured[0]  # measure the cost of drafting with the cheapest draft: where
             # drafting cannot pay, exploring at the longest length cost ~13% of a short generation
         else:
-            rates = {(k, w): shape.expected_tokens(k) / (1 + shape.slope * k)
-                     for w, shape in self.shapes.items() for k in range(self.max_len + 1)}
-            k, self.width = max(rates, key=rates.__getitem__)
+            k, self.width = self.best()
             chain = self.shapes[min(self.shapes)]
             break_even = chain.slope
             # a cheap probe: has the text become predictable? The rarer, the closer break-even is to "always
@@ -111,6 +109,19 @@ class AdaptiveDraftLength:
                              f"break-even {break_even:.0%}")
         self.draft_len = k
         return max(0, min(k, remaining - 1))
+
+    def best(self) -> tuple[int, int]:
+        """The (draft length, width) expected to make the most tokens per second (every shape's cost measured)."""
+        rates = {(k, w): shape.expected_tokens(k) / (1 + shape.slope * k)
+                 for w, shape in self.shapes.items() for k in range(self.max_len + 1)}
+        return max(rates, key=rates.__getitem__)
+
+    def drafts_at(self, rows: int = 1) -> bool:
+        """Whether the next sequence is worth readying to draft (its drafter's work on the prompt): yes until the
+        costs measured say that no draft pays at the acceptance seen; its drafter then starts on the positions it
+        decodes, if drafting turns on (probes included)."""
+        measured = self.plain_time is not None and all(shape.slope is not None for shape in self.shapes.values())
+        return not measured or self.best()[0] > 0
 
     def observe(self, draft_len: int, accepted: int, seconds: float | None) -> None:
         """Learn from a finished round: how far its drafts got, and how long it took (None: not known)."""

@@ -149,10 +149,11 @@ class Target:
         # a cut-back cache would leave drafters that read hidden states without those of the cut positions
         return common if trimmable(self.cache) and self.read_hidden is None else 0
 
-    def prefill(self, tokens: list[int], cached: list[int] = ()) -> Step:
+    def prefill(self, tokens: list[int], cached: list[int] = (), hidden: bool = True) -> Step:
         """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback. The prefix
         it shares with `cached` (what the cache holds now) is reused when the cache allows. Returns the hidden
-        states of the last positions it ran (`hidden_tail` of them, or all) when they were asked for, no logits."""
+        states of the last positions it ran (`hidden_tail` of them, or all) when they were asked for and `hidden`,
+        no logits."""
         keep = self.reusable(cached, tokens)
         if keep:
             rollback(self.cache, self.offset - keep, self.offset)
@@ -161,18 +162,18 @@ class Target:
             self.reset()
         for cache in self.recurrent_caches:
             cache.capture = False
-        hidden, start = [], keep
-        tail = hidden_from(keep, len(tokens), self.hidden_tail if self.read_hidden else 0)
+        read, states, start = self.read_hidden is not None and hidden, [], keep
+        tail = hidden_from(keep, len(tokens), self.hidden_tail if read else 0)
         while start < len(tokens):
             end = next_piece(start, len(tokens), tail)
             step = self.forward(tokens[start:end])
-            hidden += [step.hidden] if self.read_hidden and start >= tail else []
-            mx.eval([c.state for c in self.cache], hidden[-1:])
+            states += [step.hidden] if read and start >= tail else []
+            mx.eval([c.state for c in self.cache], states[-1:])
             start = end
         for cache in self.recurrent_caches:
             cache.release()
             cache.capture = True
-        return Step(None, mx.concatenate(hidden) if self.read_hidden and hidden else None, keep)
+        return Step(None, mx.concatenate(states) if states else None, keep)
 
     def keep(self, block: int, kept: list[int]) -> None:
         """Of the last `block` positions keep those at `kept` (ascending indices into the block), in order:

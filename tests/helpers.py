@@ -18,7 +18,7 @@ from mlx_lm.utils import load
 from safetensors.numpy import load_file, save_file
 
 from mlx_spec.drafters import Draft
-from mlx_spec.policy import AdaptiveDraftLength, BatchDraftLength
+from mlx_spec.policy import AdaptiveDraftLength, BatchDraftLength, FixedDraftLength
 from tiny import PROMPT  # noqa: F401  the tests' prompt (the Medusa test heads are trained on it)
 
 
@@ -88,6 +88,22 @@ class FlatCostBatchPolicy(BatchDraftLength):
 
     def observe(self, draft_len, accepted, seconds, rows=None):
         super().observe(draft_len, accepted, 1.0, rows)
+
+
+class Unreadied(FixedDraftLength):
+    """Sequences start where drafting does not pay (`drafts_at`: no drafter work on their prompts); two drafts a
+    round from the policy's third round on."""
+
+    def __init__(self):
+        super().__init__(2)
+        self.rounds = 0
+
+    def drafts_at(self, rows: int = 1) -> bool:
+        return False
+
+    def next_draft_len(self, remaining: int) -> int:
+        self.rounds += 1
+        return 0 if self.rounds < 3 else min(2, remaining - 1)
 
 
 class RandomDraftLengths:

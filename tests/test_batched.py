@@ -6,7 +6,7 @@ from collections import deque
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, FlatCostBatchPolicy, RandomDraftLengths, assert_one_line_error, run_cli
+from helpers import PROMPT, FlatCostBatchPolicy, RandomDraftLengths, Unreadied, assert_one_line_error, run_cli
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
 from test_sampling import assert_follows, exact_sequences, prompt_where_drafts_pass
@@ -126,21 +126,6 @@ def test_the_mtp_layer_starts_over_after_a_pause_in_a_batch_as_alone(monkeypatch
         assert any(results[i].from_draft[-16:]), i  # drafts pass after the pause
 
 
-class UnreadiedRows(FixedDraftLength):
-    """Rows join where drafting does not pay (`drafts_at`); two drafts a round from the third round on."""
-
-    def __init__(self):
-        super().__init__(2)
-        self.rounds = 0
-
-    def drafts_at(self, rows: int) -> bool:
-        return False
-
-    def next_draft_len(self, remaining: int) -> int:
-        self.rounds += 1
-        return 0 if self.rounds < 3 else min(2, remaining - 1)
-
-
 def test_a_row_joining_where_drafting_does_not_pay_skips_its_prompt_rows_and_drafts_from_what_it_decodes(monkeypatch):
     """A row that joins a batch size where drafting does not pay is prefilled without the hidden states the MTP
     layer's prompt rows need (the target's last layer is not run in full over the prompt's tail); when drafting
@@ -152,7 +137,7 @@ def test_a_row_joining_where_drafting_does_not_pay_skips_its_prompt_rows_and_dra
                         read.append(read_hidden) or extend(self, tokens, read_hidden, tail))
     decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, engine.max_draft_len,
                              engine.target.read_hidden, hidden_tail=engine.target.hidden_tail)
-    decoder.policy = UnreadiedRows()
+    decoder.policy = Unreadied()
     results = dict(decoder.run(jobs, 2))
     assert read and all(reader is None for reader in read)
     plain = engine.with_drafter("off")

@@ -34,6 +34,17 @@ def test_turns_off_for_useless_drafts_and_back_on_for_good_ones():
     assert min(chosen[-20:]) >= 4 and policy.note.startswith("draft length")
 
 
+def test_a_sequence_is_readied_to_draft_until_the_costs_measured_say_no_draft_pays():
+    """`drafts_at`: whether the next sequence's drafter does its work on the prompt. Yes before anything is
+    measured, no once useless drafts turned drafting off, yes again once the text became predictable."""
+    policy = AdaptiveDraftLength(max_len=5, probe_every=8)
+    assert policy.drafts_at()
+    run_rounds(policy, 60, lambda r: 0)
+    assert not policy.drafts_at()
+    run_rounds(policy, 60, lambda r: 5)
+    assert policy.drafts_at()
+
+
 def test_noisy_acceptance_keeps_drafting():
     """42% first-draft acceptance (23%, 19% after it), drafts at 0.2 of a plain step: one draft a round pays
     (1.42 / 1.2), so rejections in a row, common at this rate, must not keep drafting off."""

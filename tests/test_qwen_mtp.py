@@ -6,11 +6,12 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, edited_copy, plain_greedy
+from helpers import PROMPT, Unreadied, edited_copy, plain_greedy
 from safetensors.numpy import load_file
 
 import mlx_spec
 from mlx_spec.drafters.qwen_mtp import PROMPT_ROWS
+from mlx_spec.loading import DEMO
 from mlx_spec.errors import SpecError
 from mlx_spec.models.qwen3_5 import lm_head, text_model
 from mlx_spec.target import Target
@@ -227,3 +228,19 @@ def test_mtp_rows_after_a_reused_prefix_equal_fresh_ones(tiny, prompt_len, added
     np.testing.assert_allclose(np.array(reused.drafter.caches[0].keys[..., :rows, :]),
                                np.array(fresh.drafter.caches[0].keys[..., :rows, :]), atol=1e-4)
     np.testing.assert_allclose(np.array(reused.drafter.next_logits), np.array(fresh.drafter.next_logits), atol=1e-3)
+
+
+def test_a_sequence_starting_where_drafting_does_not_pay_skips_its_prompt_rows(monkeypatch):
+    """Where the policy has measured that drafting does not pay (`drafts_at`), the prefill reads no hidden states
+    (the target's last layer is not run in full over the prompt's tail) and the MTP layer builds no prompt rows;
+    when drafting turns on it drafts from the positions decoded since, and the output equals plain decoding."""
+    engine = mlx_spec.load(str(DEMO / "demo"), drafter="mtp")
+    asked, prefill = [], Target.prefill
+    monkeypatch.setattr(Target, "prefill", lambda self, tokens, cached=(), hidden=True:
+                        asked.append(hidden) or prefill(self, tokens, cached, hidden))
+    engine.next_policy = Unreadied()
+    prompt = engine.encode(PROMPT)
+    result = engine.generate(prompt, max_tokens=40)
+    assert asked == [False]
+    assert result.tokens == engine.with_drafter("off").generate(prompt, max_tokens=40).tokens
+    assert result.stats.accepted > 0

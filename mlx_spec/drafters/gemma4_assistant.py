@@ -55,7 +55,7 @@ class AssistantDrafter:
         return "it reads the target's K/V, which --kv-bits quantizes" if self.target.kv_bits else None
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
-        self.last_hidden = prompt_step.hidden[-1:] if len(context) > 1 else None
+        self.last_hidden = prompt_step.hidden[-1:] if len(context) > 1 and prompt_step.hidden is not None else None
 
     def shared_kv(self) -> dict:
         return {kind: visible_kv(self.target.cache[i], self.sliding_keys if kind == "sliding_attention" else None)

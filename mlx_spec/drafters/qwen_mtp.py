@@ -72,7 +72,7 @@ class MTPDrafter:
             end = min(start + PREFILL_CHUNK, len(context) - 1)
             self._rows(context[start + 1:end + 1], hidden[start - first:end - first])
             mx.eval([c.state for c in self.caches])
-        if len(context) > 1:
+        if len(context) > 1 and hidden is not None:
             self.last_hidden = hidden[-1:]
 
     def _rows(self, tokens, hidden: mx.array) -> mx.array:
