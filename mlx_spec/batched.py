@@ -164,9 +164,9 @@ class BatchedDecoder:
             row = joining[0]
             if row.prefill is None:  # the hidden states its drafter reads, unless drafting does not pay at this size
                 row.prefill = RaggedBatch(self.model, rows=1, **self.kv)
-                drafts = self.policy.drafts_at(len(rows) + len(joining)) if row.job.draft_len is None else \
-                    row.job.draft_len > 0
-                row.read_hidden = self.read_hidden if drafts else None
+                pin = row.job.draft_len
+                ready = self.policy.drafts_at(len(rows) + len(joining)) if pin is None else pin > 0
+                row.read_hidden = self.read_hidden if ready else None
             if row.prefill.extend(row.job.prompt[:-1], row.read_hidden, self.hidden_tail) and not self.plan:
                 joining.popleft()
                 batch.join(row.prefill)

@@ -165,7 +165,7 @@ class BatchDraftLength:
         self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
         self.chain = Shape(max_len, prior_acceptance)  # the acceptance of rows that draft
         self.share = 1.0  # of the rows asked to draft, those that drafted something
-        self.judged = [-STALE] * max_len  # the round that last judged each position
+        self.judged = [-STALE - 1] * max_len  # the round that last judged each position (none: stale from the start)
         self.seconds: dict[int, float] = {}  # tokens in the target's forward -> seconds of the round
         self.seen: set[int] = set()  # token counts run once (a first run compiles: no cost signal)
         self.rows, self.rounds, self.draft_len = 1, 0, 0

@@ -116,6 +116,7 @@ class RandomDraftLengths:
         import random
 
         self.rng, self.max_len, self.widths, self.run, self.width = random.Random(seed), max_len, widths, [], 1
+        self.readied = seed % 2 == 1
 
     def next_draft_len(self, remaining):
         if not self.run:
@@ -123,9 +124,10 @@ class RandomDraftLengths:
             self.run, self.width = [length] * self.rng.randint(1, 12), self.rng.choice(self.widths)
         return max(0, min(self.run.pop(), remaining - 1))
 
-    def drafts_at(self, rows):
-        """A joining row readied to draft half the time (else its drafter starts on the positions it decodes)."""
-        return self.rng.random() < 0.5
+    def drafts_at(self, rows=1):
+        """Odd seeds ready every sequence to draft; even ones do not (its drafter starts on the positions it
+        decodes, no work on its prompt)."""
+        return self.readied
 
     def observe(self, draft_len, accepted, seconds, rows=None):
         pass
