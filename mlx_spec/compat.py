@@ -263,8 +263,9 @@ def check() -> None:
 
 @functools.cache
 def check_batches() -> None:
-    """Two rows of different lengths in one RaggedBatch score their next tokens as the model alone does: a tiny
-    Llama, and a tiny Gemma 3 whose sliding window (2) is shorter than the rows."""
+    """Two rows of different lengths in one RaggedBatch, their prompts prefilled apart or together (padded), score
+    their next tokens as the model alone does: a tiny Llama, and a tiny Gemma 3 whose sliding window (2) is
+    shorter than the rows."""
     from mlx_lm.models import gemma3_text
 
     llama_model = llama.Model(llama_args(dict(hidden_size=16, num_hidden_layers=1, intermediate_size=32,
@@ -289,16 +290,18 @@ def _rows_match(model, kv_bits: int | None = None) -> bool:
     from .ragged import RaggedBatch
 
     kv = {"kv_bits": kv_bits, "kv_group_size": 32}
-    rows, batch = [[1, 2, 3, 4, 5], [6, 7]], RaggedBatch(model, **kv)
-    for tokens in rows:
-        batch.join(RaggedBatch.prefilled(model, tokens[:-1], **kv))
-    batch.mark()
-    logits = batch.forward(mx.array([[5, 0], [7, 1]]), [1, 2])
-    for row, (tokens, column) in enumerate(zip([[1, 2, 3, 4, 5], [6, 7, 1]], (0, 1))):
-        cache = [QuantizedKVCache(32, kv_bits) for _ in model.layers] if kv_bits else make_prompt_cache(model)
-        alone = model(mx.array([tokens]), cache=cache)[0, -1]
-        if not mx.allclose(logits[row, column], alone, atol=1e-4):
-            return False
+    rows = [[1, 2, 3, 4, 5], [6, 7]]
+    for together in (False, True):  # prompts prefilled one at a time, then together (padded)
+        batch = RaggedBatch(model, **kv)
+        for prompts in [[tokens[:-1] for tokens in rows]] if together else [[tokens[:-1]] for tokens in rows]:
+            batch.join(RaggedBatch.prefilled(model, prompts, **kv))
+        batch.mark()
+        logits = batch.forward(mx.array([[5, 0], [7, 1]]), [1, 2])
+        for row, (tokens, column) in enumerate(zip([[1, 2, 3, 4, 5], [6, 7, 1]], (0, 1))):
+            cache = [QuantizedKVCache(32, kv_bits) for _ in model.layers] if kv_bits else make_prompt_cache(model)
+            alone = model(mx.array([tokens]), cache=cache)[0, -1]
+            if not mx.allclose(logits[row, column], alone, atol=1e-4):
+                return False
     return True
 
 

@@ -154,9 +154,9 @@ class BatchDraftLength:
     forward runs, rows x (1 + k), whatever the split: small forwards are bandwidth-bound (more tokens cost little),
     large ones compute-bound (they cost in proportion), and between the two not always monotone (BLAS blocks some
     sizes better). So seconds are learnt per token count, shared by every batch size as rows come and go,
-    interpolated between the counts measured, in proportion below them and, beyond them, along the least growth
-    measured between two: the optimist's guess, one length past the counts measured at a time, measured (in two
-    rounds) if it pays. What is learnt of the text once for all rows: the share of rows that draft at all (an
+    interpolated between the counts measured and, beyond them, along the least growth measured between two: the
+    optimist's guess (below them, when rows leave, no less than in proportion), one length past the counts
+    measured at a time, measured (in two rounds) if it pays. What is learnt of the text once for all rows: the share of rows that draft at all (an
     n-gram drafter may find nothing) and the acceptance per draft position of those that do. Each round drafts the
     k that maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at rows (plain steps) and
     2 rows (one draft) first, and probing with one draft now and then while it is off."""
@@ -183,12 +183,14 @@ class BatchDraftLength:
         if below and above:
             low, high = below[-1], above[0]
             return self.seconds[low] + (self.seconds[high] - self.seconds[low]) * (tokens - low) / (high - low)
-        if above:  # fewer tokens than measured (rows left): no less than in proportion, the cautious guess
-            return self.seconds[above[0]] * tokens / above[0]
-        if len(below) < 2:  # one count measured: assume the forward compute-bound (the cautious guess)
-            return self.seconds[below[-1]] * tokens / below[-1]
+        nearest = above[0] if above else below[-1]
+        proportional = self.seconds[nearest] * tokens / nearest
+        if len(known) < 2:  # one count measured: assume the forward compute-bound (the cautious guess)
+            return proportional
         slope = min(max(0.0, (self.seconds[b] - self.seconds[a]) / (b - a)) for a, b in zip(known, known[1:]))
-        return self.seconds[known[-1]] + slope * (tokens - known[-1])  # the optimist's guess: the least growth seen
+        if above:  # fewer tokens than measured (rows left): no less than in proportion
+            return max(proportional, self.seconds[nearest] - slope * (nearest - tokens))
+        return self.seconds[nearest] + slope * (tokens - nearest)
 
     def expected_tokens(self, k: int) -> float:
         """Tokens a row gets from a round of k drafts: 1, and what drafting rows add, for the share that draft."""

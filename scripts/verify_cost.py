@@ -50,7 +50,7 @@ def main() -> int:
     else:
         batch = RaggedBatch(engine.target.model)
         for _ in range(args.rows):
-            batch.join(RaggedBatch.prefilled(engine.target.model, prompt))
+            batch.join(RaggedBatch.prefilled(engine.target.model, [prompt]))
 
     def forward(n: int) -> None:
         """A forward over n tokens (each row's, in a batch), evaluated."""

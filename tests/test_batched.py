@@ -12,7 +12,7 @@ from mlx_lm.utils import load
 from test_sampling import assert_follows, exact_sequences, prompt_where_drafts_pass
 
 import mlx_spec
-from mlx_spec.batched import BatchedDecoder, Job
+from mlx_spec.batched import BatchedDecoder, Job, Row, together
 from mlx_spec.drafters.qwen_mtp import PROMPT_ROWS
 from mlx_spec.errors import SpecError
 from mlx_spec.loading import DEMO
@@ -206,9 +206,11 @@ def alone_logits(model, tokens: list[int]) -> mx.array:
     return model(mx.array([tokens]), cache=make_prompt_cache(model))[0, -1]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "gemma3"])  # full attention, Gated DeltaNet, sliding window
-def test_one_rows_rollback_leaves_the_others_untouched(tiny, family):
-    """A batch of three prompts; each round every row feeds drafts of its own length and keeps its own count
+@pytest.mark.parametrize("family,together", [  # full attention, Gated DeltaNet, sliding window
+    ("qwen3", False), ("qwen3_5", False), ("gemma3", False), ("qwen3", True), ("gemma3", True)])
+def test_one_rows_rollback_leaves_the_others_untouched(tiny, family, together):
+    """A batch of three prompts (prefilled apart, or `together`: padded to the longest, the way prompts that join
+    while no row decodes are); each round every row feeds drafts of its own length and keeps its own count
     (all, some, none), rows leave, a row joins, the holes are squeezed out: after every step each row's logits
     equal the model run on that row's tokens alone (the sliding window's 16 positions are passed), and keeping
     fewer in one row changes no other row's K/V."""
@@ -219,10 +221,8 @@ def test_one_rows_rollback_leaves_the_others_untouched(tiny, family):
     rng = np.random.default_rng(0)
     rows = [[int(t) for t in rng.integers(0, 500, n)] for n in (5, 17, 2)]
     batch = RaggedBatch(model)
-    for tokens in rows:
-        alone = RaggedBatch(model, rows=1)
-        alone.forward(mx.array([tokens[:-1]]), [len(tokens) - 1])
-        batch.join(alone)
+    for prompts in [[tokens[:-1] for tokens in rows]] if together else [[tokens[:-1]] for tokens in rows]:
+        batch.join(RaggedBatch.prefilled(model, prompts))
     for step in range(24):
         drafts = [[int(t) for t in rng.integers(0, 500, rng.integers(0, 5))] for _ in rows]
         width = 1 + max(map(len, drafts))
@@ -358,3 +358,33 @@ def test_a_queued_prompt_joins_as_soon_as_a_row_leaves_with_drafting_off(tiny, f
     for key, event in events:
         if isinstance(event, mlx_spec.Done):
             assert event.tokens == engine.generate(jobs[key].prompt, max_tokens=jobs[key].max_tokens).tokens, key
+
+
+def test_prompts_are_grouped_to_prefill_together_where_their_padding_stays_small(tiny):
+    """Longest first, a group while padding every prompt to its longest adds at most a quarter, and never past
+    4096 tokens in all."""
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="off")
+    rows = [Row(i, Job([1] * n), engine.tokenizer, "off") for i, n in enumerate((100, 90, 10, 95, 12, 3000, 2900))]
+    assert [[row.key for row in group] for group in together(rows)] == [[5], [6], [0, 3, 1], [4, 2]]
+
+
+@pytest.mark.parametrize("family,drafter", [("qwen3", "off"), ("qwen3", "ngram"), ("gemma3", "ngram"), ("qwen3_5", "off")])
+def test_prompts_joining_while_no_row_decodes_are_prefilled_together_and_decode_as_alone(tiny, monkeypatch, family,
+                                                                                          drafter):
+    """The first rows' prompts (of different lengths) run in one padded prefill, except where a layer is recurrent
+    (Gated DeltaNet: one at a time), and every row decodes as it does alone."""
+    engine = mlx_spec.load(str(tiny[family]), drafter=drafter, draft_len=2 if drafter == "ngram" else None)
+    texts = ["def add(a, b):\n    return a + b + 1\n", "class Stack:\n    def push(self, item):",
+             "import os\nimport sys\nimport json\n", "for i in range(10):\n    print(i)"]  # 17-22 tokens
+    jobs = [Job(engine.encode(text), max_tokens=24) for text in texts]
+    assert len({len(job.prompt) for job in jobs}) > 1
+    groups, prefilled = [], RaggedBatch.prefilled.__func__
+    monkeypatch.setattr(RaggedBatch, "prefilled", classmethod(lambda cls, model, prompts, **kv: (
+        model is engine.target.model and groups.append(len(prompts))) or prefilled(cls, model, prompts, **kv)))
+    results = dict(engine.generate_many(jobs, 4))
+    assert groups == ([] if family == "qwen3_5" else [4])
+    plain = engine.with_drafter("off")
+    for i, job in enumerate(jobs):
+        assert results[i].tokens == plain.generate(job.prompt, max_tokens=24).tokens, i
+    if drafter == "ngram":  # rows with holes verify drafts
+        assert sum(r.stats.drafted for r in results.values()) > 0

@@ -202,6 +202,15 @@ def test_a_batch_whose_rows_leave_does_not_take_fewer_tokens_for_free():
     assert statistics.mean(k > 0 for k in drive_batch_policy(cost, rows=4, acceptance=0.7, policy=policy)) < 0.15
 
 
+def test_the_row_left_when_others_leave_drafts_at_once_where_forwards_are_bandwidth_bound():
+    """Bandwidth-bound (a round costs 1 + 0.01 per token), 4 rows draft. When three leave, the last row, its
+    forwards never measured, drafts from its first round: below the counts measured a round's time falls along the
+    least growth measured (in proportion, 1 x 1 would look four times cheaper than 4 x 1, and every draft dear)."""
+    policy, cost = BatchDraftLength(4), lambda tokens: 1.0 + 0.01 * tokens
+    drive_batch_policy(cost, rows=4, acceptance=0.7, rounds=100, policy=policy)
+    assert drive_batch_policy(cost, rows=1, acceptance=0.7, rounds=3, policy=policy) == [4, 4, 4]
+
+
 def test_rows_join_readied_to_draft_until_the_costs_measured_say_drafting_does_not_pay_at_their_batch_size():
     """A joining row's drafter does its prompt work (`drafts_at`) while the policy knows nothing, and where
     drafting pays; not at a batch size whose measured costs (compute-bound, 8 rows) turned drafting off."""

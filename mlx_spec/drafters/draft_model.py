@@ -101,7 +101,7 @@ class BatchedDraftModel:
         self.batch, self.fed = RaggedBatch(model, **self.kv), None
 
     def join(self, context: list[int], hidden=None) -> None:
-        self.batch.join(RaggedBatch.prefilled(self.model, context[:-1], **self.kv))
+        self.batch.join(RaggedBatch.prefilled(self.model, [context[:-1]], **self.kv))
 
     def select(self, rows: list[int]) -> None:
         self.batch.select(rows)
