@@ -178,9 +178,9 @@ class BatchedDecoder:
         waits then, and those whose drafters read no hidden states run together, `together`), and move the
         prompts that are done into the batch."""
         decoding = bool(rows)
-        for row in list(joining)[:1] if decoding else joining:
-            if row.prefill is None and row.read_hidden is None:  # the hidden states its drafter reads, unless
-                pin = row.job.draft_len  # drafting does not pay at this size
+        for row in list(joining)[:1] if decoding else joining:  # the hidden states each prompt's drafter reads,
+            if row.prefill is None and row.read_hidden is None:  # unless drafting does not pay at this size
+                pin = row.job.draft_len
                 ready = self.policy.drafts_at(len(rows) + len(joining)) if pin is None else pin > 0
                 row.read_hidden = self.read_hidden if ready else None
         if not decoding and not batch.recurrent:
