@@ -25,7 +25,7 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 
 from .caches import RecurrentCache
 from .models import qwen3_5
-from .target import PREFILL_CHUNK, hidden_from, next_piece
+from .target import hidden_from, next_piece
 
 STEP = 256  # columns added when the buffers grow
 
@@ -113,19 +113,20 @@ class RaggedBatch:
     @classmethod
     def prefilled(cls, model, prompts: list[list[int]], **kv) -> "RaggedBatch":
         """A batch of one row per prompt, holding it (prompts before they join a batch): all rows run together, a
-        piece of PREFILL_CHUNK columns at a time, each row's padding after its prompt (a hole), so several rows
+        piece (`next_piece`) at a time, each row's padding after its prompt (a hole), so several rows
         only where no layer is recurrent (padding would run through its state). `kv`: as the constructor's."""
         batch = cls(model, rows=len(prompts), **kv)
         assert len(prompts) == 1 or not batch.recurrent, "a recurrent layer's rows are prefilled one at a time"
-        longest = max(map(len, prompts))
-        for start in range(0, longest, PREFILL_CHUNK):
-            end = min(start + PREFILL_CHUNK, longest)
+        longest, start = max(map(len, prompts)), 0
+        while start < longest:
+            end = next_piece(start, longest, longest)
             pieces = [prompt[start:end] for prompt in prompts]
             tokens = np.zeros((len(prompts), end - start), dtype=np.int32)
             for row, piece in enumerate(pieces):
                 tokens[row, :len(piece)] = piece
             batch.forward(mx.array(tokens), [len(piece) for piece in pieces])
             mx.eval([c.state for c in batch.caches])
+            start = end
         return batch
 
     def extend(self, tokens: list[int], read_hidden=None, hidden_tail: int | None = None) -> bool:

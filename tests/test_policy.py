@@ -10,7 +10,8 @@ from helpers import PROMPT, CorruptedOracleDrafter, ModelledCostPolicy, plain_gr
 import mlx_spec
 from mlx_spec.drafters import Draft
 from mlx_spec.engine import Engine
-from mlx_spec.policy import AdaptiveDraftLength, BatchDraftLength
+from mlx_spec.batched import BatchedDecoder, Job
+from mlx_spec.policy import AdaptiveDraftLength, BatchDraftLength, FixedDraftLength
 from mlx_spec.target import Target
 
 
@@ -267,3 +268,29 @@ def test_a_round_whose_time_is_not_known_teaches_acceptance_but_not_cost():
     for k in (0, 2, 2):
         policy.observe(k, 0, None)
     assert (policy.plain_time, policy.shapes[1].slope) == (plain, slope) and policy.shapes[1].acceptance[0] < first
+
+
+class TimesSeen(FixedDraftLength):
+    """Plain decoding that keeps the seconds each round's `observe` gives it."""
+
+    def __init__(self):
+        super().__init__(0)
+        self.seconds = []
+
+    def observe(self, draft_len, accepted, seconds, rows=None):
+        self.seconds.append(seconds)
+
+
+def test_a_run_of_plain_steps_is_timed_by_its_middle_rounds(tiny):
+    """Plain steps run one ahead, so a run's last round can find its step already done (0 ms on this CPU) and its
+    first wait for the second's too: alone, the last round's time is not learnt; in a batch (two rows of ten
+    tokens, ten rounds), neither the first's nor the last's."""
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="off")
+    engine.tokenizer.eos_token_ids = []  # every generation runs its ten rounds
+    engine.next_policy = alone = TimesSeen()
+    engine.generate(engine.encode(PROMPT), max_tokens=10)
+    assert len(alone.seconds) == 10 and alone.seconds[-1] is None and None not in alone.seconds[3:-1]
+    decoder = BatchedDecoder(engine.target.model, engine.tokenizer)
+    decoder.policy = batch = TimesSeen()
+    list(decoder.run([Job(engine.encode(text), max_tokens=10) for text in (PROMPT, "def add(a, b):")], 2))
+    assert len(batch.seconds) == 8 and None not in batch.seconds
