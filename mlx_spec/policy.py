@@ -147,6 +147,8 @@ class AdaptiveDraftLength:
 
 
 STALE = 16  # rounds after which BatchDraftLength's estimate of a position no round reached is tried again
+PRIOR = 2.0  # the verdicts BatchDraftLength's prior acceptance counts for
+HORIZON = 8  # rounds of a length past the counts measured that must remain for BatchDraftLength to try it
 
 
 class BatchDraftLength:
@@ -154,18 +156,22 @@ class BatchDraftLength:
     forward runs, rows x (1 + k), whatever the split: small forwards are bandwidth-bound (more tokens cost little),
     large ones compute-bound (they cost in proportion), and between the two not always monotone (BLAS blocks some
     sizes better). So seconds are learnt per token count, shared by every batch size as rows come and go,
-    interpolated between the counts measured and, beyond them, along the least growth measured between two: the
-    optimist's guess (below them, when rows leave, no less than in proportion), one length past the counts
-    measured at a time, measured (in two rounds) if it pays. What is learnt of the text once for all rows: the share of rows that draft at all (an
-    n-gram drafter may find nothing) and the acceptance per draft position of those that do. Each round drafts the
-    k that maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at rows (plain steps) and
-    2 rows (one draft) first, and probing with one draft now and then while it is off."""
+    interpolated between the counts measured and, beyond them, along the least growth measured between two, drawn
+    from the largest count measured or the one before it, whichever makes it least (past a count dearer than the
+    next): the optimist's guess (below them, when rows leave, no less than in
+    proportion), one length past the counts measured at a time, measured (in two rounds) if it pays and enough
+    rounds remain to repay that (HORIZON). What is learnt of the text once for all rows: the share of rows that
+    draft at all (an n-gram drafter may find nothing) and the acceptance per draft position of those that do, each
+    verdict counted (a round that judged a position once moves it less than one that judged it four times). Each
+    round drafts the k that maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at rows
+    (plain steps) and 2 rows (one draft) first, and probing with one draft now and then while it is off."""
 
-    def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.8, prior_acceptance: float = 0.7):
+    def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.85, prior_acceptance: float = 0.7):
         self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
         self.chain = Shape(max_len, prior_acceptance)  # the acceptance of rows that draft
         self.share = 1.0  # of the rows asked to draft, those that drafted something
         self.judged = [-STALE - 1] * max_len  # the round that last judged each position (none: stale from the start)
+        self.verdicts = [PRIOR] * max_len  # the verdicts each position's acceptance stands on, decayed each round
         self.seconds: dict[int, float] = {}  # tokens in the target's forward -> seconds of the round
         self.seen: set[int] = set()  # token counts run once (a first run compiles: no cost signal)
         self.rows, self.rounds, self.draft_len = 1, 0, 0
@@ -190,7 +196,7 @@ class BatchDraftLength:
         slope = min(max(0.0, (self.seconds[b] - self.seconds[a]) / (b - a)) for a, b in zip(known, known[1:]))
         if above:  # fewer tokens than measured (rows left): no less than in proportion
             return max(proportional, self.seconds[nearest] - slope * (nearest - tokens))
-        return self.seconds[nearest] + slope * (tokens - nearest)
+        return min(self.seconds[n] + slope * (tokens - n) for n in known[-2:])  # past a dear count (BLAS's blocking)
 
     def expected_tokens(self, k: int) -> float:
         """Tokens a row gets from a round of k drafts: 1, and what drafting rows add, for the share that draft."""
@@ -205,7 +211,7 @@ class BatchDraftLength:
         elif len(self.seconds) < 2:
             k = 0 if 2 * rows in self.seconds else 1  # a second token count to draw the line through
         else:
-            k = self.best(rows)
+            k = self.best(rows, remaining)
             break_even = (self.time(2 * rows) - plain) / plain
             if k == 0 and probe_due(self.rounds, self.probe_every, break_even):
                 k = 1  # a cheap probe: has the text become predictable?
@@ -215,14 +221,19 @@ class BatchDraftLength:
         self.draft_len = k
         return max(0, min(k, remaining - 1))
 
-    def best(self, rows: int) -> int:
-        """The draft length expected to make the most tokens per second at `rows` rows (two token counts measured)."""
+    def best(self, rows: int, remaining: int | None = None) -> int:
+        """The draft length expected to make the most tokens per second at `rows` rows (two token counts measured),
+        over the `remaining` tokens the longest row still wants (None: no end in sight)."""
         self.explore()
         largest, rates = max(self.seconds), {}
         for k in range(self.max_len + 1):
+            if rows * (1 + k) > largest:  # the first length past the counts measured, at the optimist's guess (the
+                # others wait for it), if enough of its rounds remain to repay the two that measure it: with 32-token
+                # answers at 8 rows, trying two, three and four drafts ate the gain of one
+                if remaining is None or remaining >= HORIZON * self.expected_tokens(k):
+                    rates[k] = self.expected_tokens(k) / self.time(rows * (1 + k))
+                break
             rates[k] = self.expected_tokens(k) / self.time(rows * (1 + k))
-            if rows * (1 + k) > largest:
-                break  # the first length past the counts measured, at the optimist's guess: the others wait for it
         return max(rates, key=rates.__getitem__)
 
     def drafts_at(self, rows: int) -> bool:
@@ -237,22 +248,23 @@ class BatchDraftLength:
         again after a few unlucky rounds judged the second."""
         for j in range(1, self.max_len):
             if self.rounds - self.judged[j] > STALE:
-                self.chain.acceptance[j] = self.chain.acceptance[j - 1]
+                self.chain.acceptance[j], self.verdicts[j] = self.chain.acceptance[j - 1], min(self.verdicts[j], PRIOR)
 
     def observe(self, draft_len: int, accepted: int, seconds: float,
                 rows: list[tuple[int, int]] | None = None) -> None:
         """Learn from a finished round: `rows` holds each row's (drafts, accepted); `draft_len` is the longest
-        draft, which every row paid for. The share of rows that drafted moves once per round, and so does each
-        position's acceptance, by the share of the drafting rows that reached it and got a token there: one that
-        drafted fewer (n-gram found no more) gained nothing."""
+        draft, which every row paid for. The share of rows that drafted moves once per round; each position's
+        acceptance by the verdicts of the drafting rows that reached it, a token there or not: one that drafted
+        fewer (n-gram found no more) gained nothing."""
         d, rows = self.decay, rows or [(draft_len, accepted)]
         if draft_len:
             self.share = d * self.share + (1 - d) * sum(drafts > 0 for drafts, _ in rows) / len(rows)
         for j in range(draft_len):
             judged = [j < kept for drafts, kept in rows if drafts and j <= kept]
             if judged:
-                self.chain.acceptance[j] = d * self.chain.acceptance[j] + (1 - d) * sum(judged) / len(judged)
-                self.judged[j] = self.rounds
+                weight = d * self.verdicts[j]  # the past's verdicts, decayed
+                self.chain.acceptance[j] = (weight * self.chain.acceptance[j] + sum(judged)) / (weight + len(judged))
+                self.verdicts[j], self.judged[j] = weight + len(judged), self.rounds
         tokens = len(rows) * (1 + draft_len)
         if tokens not in self.seen:
             self.seen.add(tokens)

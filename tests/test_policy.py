@@ -172,15 +172,38 @@ def test_batches_draft_while_forwards_are_bandwidth_bound_and_stop_when_compute_
                                               acceptance=0.8)[20:]) == pytest.approx(1, abs=0.2)
 
 
-def test_a_batch_finds_a_draft_length_past_a_cost_curve_that_is_not_monotone():
-    """4 rows, the curve OpenBLAS gives the 0.5B on this CPU (scaled): 4 x 4 tokens cost less than 4 x 3. With
-    60% acceptance, one and two drafts make 1.5 tokens per plain step's time, three 1.9. Each length past the counts
-    measured is tried at the optimist's guess, so the policy settles on three (extrapolated along 4 x 2 and 4 x 3,
-    4 x 4 would look dearer, and never be tried)."""
-    curve = {4: 1.0, 8: 1.06, 12: 1.3, 16: 1.16, 20: 1.47}
+@pytest.mark.parametrize("curve", [{4: 1.0, 8: 1.06, 12: 1.3, 16: 1.16, 20: 1.47},  # the 0.5B's, scaled
+                                   {4: 1.0, 8: 1.06, 12: 1.71, 16: 0.9, 20: 1.5}])  # the 1.5B's: 4 x 4 beats 4 x 1
+def test_a_batch_finds_a_draft_length_past_a_cost_curve_that_is_not_monotone(curve):
+    """4 rows, the curves OpenBLAS gives the Qwen2.5-Coder 0.5B and 1.5B on this CPU: 4 x 4 tokens cost less than
+    4 x 3. With 60% acceptance, three drafts make the most tokens per second. Each length past the counts measured
+    is tried at the optimist's guess, the least growth measured drawn from the largest count measured or the one
+    before, whichever gives less (drawn from 4 x 3 alone, 4 x 4 would look dearer than one draft on the 1.5B's, and
+    never be tried), so the policy settles on three."""
     chosen = drive_batch_policy(lambda tokens: curve[tokens], rows=4, acceptance=0.6, rounds=150,
                                 policy=BatchDraftLength(4))
     assert statistics.mean(k == 3 for k in chosen[40:]) > 0.8
+
+
+def test_a_batch_near_its_end_does_not_try_lengths_it_has_not_measured():
+    """8 rows, 90% acceptance, the costs the 1.5B with its 0.5B draft model showed at 8 rows (two drafts already
+    cost 2.2 plain steps; every draft adds a draft-model step). With 32 tokens a row the policy tries two drafts
+    and keeps one: three and four, worth trying while enough rounds remain to repay their measuring (256 tokens),
+    were not then (traced, they took 4 of its 13 rounds)."""
+    import random
+
+    def run(tokens: int) -> list[int]:
+        rng, policy, chosen, left = random.Random(0), BatchDraftLength(4), [], tokens
+        policy.resize(8)
+        while left > 0:
+            chosen.append(k := policy.next_draft_len(left))
+            accepted = [next((j for j in range(k) if rng.random() > 0.9), k) for _ in range(8)]
+            policy.observe(k, 0, {8: 1.0, 16: 1.17, 24: 2.2, 32: 2.8, 40: 3.4}[8 * (1 + k)],
+                           rows=[(k, a) for a in accepted])
+            left -= 1 + min(accepted)
+        return chosen
+    assert max(run(32)) == 2 and statistics.mode(run(32)) == 1
+    assert max(run(256)) == 4 and statistics.mode(run(256)) == 1
 
 
 @pytest.mark.parametrize("acceptance", [0.6, 0.7])
