@@ -218,6 +218,16 @@ def test_rows_that_draft_nothing_and_unlucky_rounds_do_not_hold_a_batch_at_one_d
     assert statistics.mean(k == 3 for k in chosen[40:]) > 0.8
 
 
+def test_a_batch_that_grows_past_the_counts_measured_near_its_end_decodes_plainly():
+    """Measured at 2 rows (up to 2 x 5 tokens), the batch grows to 16 (rows joined) with 4 tokens left: a plain
+    step of 16 rows is past the counts measured and no length is worth trying so near the end: it decodes plainly."""
+    policy = BatchDraftLength(4)
+    drive_batch_policy(lambda tokens: 1.0, rows=2, acceptance=0.8, rounds=20, policy=policy)
+    assert max(policy.seconds) == 10
+    policy.resize(16)
+    assert policy.next_draft_len(4) == 0
+
+
 def test_a_batch_whose_rows_leave_does_not_take_fewer_tokens_for_free():
     """Compute-bound, 8 rows: off. When half the rows leave, a round of 4 rows x 2 tokens costs what the plain
     8-row rounds cost, and 4 plain rows, never measured, are not assumed to cost as much: drafting stays off."""
