@@ -159,11 +159,12 @@ class BatchDraftLength:
     interpolated between the counts measured and, beyond them, along the least growth measured between two, drawn
     from the largest count measured or the one before it, whichever makes it least (past a count dearer than the
     next): the optimist's guess (below them, when rows leave, no less than in proportion), one length past the
-    counts measured at a time, measured (in two rounds) if it pays and enough rounds remain to repay that (HORIZON). What is learnt of the text once for all rows: the share of rows that
-    draft at all (an n-gram drafter may find nothing) and the acceptance per draft position of those that do, each
-    verdict counted (a round that judged a position once moves it less than one that judged it four times). Each
-    round drafts the k that maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at rows
-    (plain steps) and 2 rows (one draft) first, and probing with one draft now and then while it is off."""
+    counts measured at a time, measured (in two rounds) if it pays and enough rounds remain to repay that
+    (HORIZON). What is learnt of the text once for all rows: the share of rows that draft at all (an n-gram drafter
+    may find nothing) and the acceptance per draft position of those that do, each verdict counted (a round that
+    judged a position once moves it less than one that judged it four times). Each round drafts the k that
+    maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at rows (plain steps) and 2 rows
+    (one draft) first, and probing with one draft now and then while it is off."""
 
     def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.85, prior_acceptance: float = 0.7):
         self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
@@ -226,11 +227,12 @@ class BatchDraftLength:
         self.explore()
         largest, rates = max(self.seconds), {}
         for k in range(self.max_len + 1):
-            past = rows * (1 + k) > largest  # the first length past the counts measured, at the optimist's guess (the
-            # others wait for it), if enough of its rounds remain to repay the two that measure it: with 32-token
-            # answers at 8 rows, trying two, three and four drafts ate the gain of one
-            if not past or k == 0 or remaining is None or remaining >= HORIZON * self.expected_tokens(k):
-                rates[k] = self.expected_tokens(k) / self.time(rows * (1 + k))
+            past = rows * (1 + k) > largest  # the first length past the counts measured, at the optimist's guess:
+            # the others wait for it, and it waits for enough of its rounds left to repay the two that measure it
+            # (with 32-token answers at 8 rows, trying two, three and four drafts ate the gain of one)
+            if past and k and remaining is not None and remaining < HORIZON * self.expected_tokens(k):
+                break
+            rates[k] = self.expected_tokens(k) / self.time(rows * (1 + k))
             if past:
                 break
         return max(rates, key=rates.__getitem__)
