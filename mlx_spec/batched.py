@@ -59,6 +59,7 @@ class Row:
         self.stats = Stats(drafter=drafter_name, prompt_tokens=len(job.prompt))
         self.stop_reason: str | None = None
         self.prefill: RaggedBatch | None = None  # its prompt's cache while it is prefilled, before it joins
+        self.ready = True  # whether its drafter works on its prompt (else it starts on what the row decodes)
         self.read_hidden = None  # what reads the hidden states its prompt's prefill keeps (None: none kept)
         self.started = time.perf_counter()
 
@@ -113,9 +114,10 @@ def largest_batch(model, tokens_per_row: int, available: int, kv_bits: int | Non
 class BatchedDecoder:
     def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4,
                  read_hidden=None, kv_bits: int | None = None, kv_group_size: int = 64,
-                 hidden_tail: int | None = None):
+                 hidden_tail: int | None = None, policy: BatchDraftLength | None = None):
         """drafter: one whose `batched(target_batch)` drafts for a batch (given the target's RaggedBatch; None:
-        plain batched decoding); draft_len: pinned, or None for the adaptive policy per batch size; read_hidden:
+        plain batched decoding); draft_len: pinned, or None for the adaptive policy per batch size, `policy` (what
+        an earlier batch of the same engine learnt) or a fresh one; read_hidden:
         the target's hidden states after a forward (`target.hidden_reader`), for drafters that read them, over
         each prompt's last `hidden_tail` positions (None: all); kv_bits: the target's keys and values quantized."""
         if problem := batch_problem(model, drafter):
@@ -126,7 +128,7 @@ class BatchedDecoder:
         self.kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size}
         self.make_drafters = drafter.batched if drafter else None
         self.read_hidden, self.hidden_tail = (read_hidden if drafter else None), hidden_tail
-        self.policy = (BatchDraftLength(max_draft_len) if draft_len is None and drafter
+        self.policy = ((policy or BatchDraftLength(max_draft_len)) if draft_len is None and drafter
                        else FixedDraftLength(draft_len if drafter else 0))
         self.name = drafter.name if drafter else "off"
 
@@ -178,11 +180,11 @@ class BatchedDecoder:
         waits then, and those whose drafters read no hidden states run together, `together`), and move the
         prompts that are done into the batch."""
         decoding = bool(rows)
-        for row in list(joining)[:1] if decoding else joining:  # the hidden states each prompt's drafter reads,
-            if row.prefill is None and row.read_hidden is None:  # unless drafting does not pay at this size
+        for row in list(joining)[:1] if decoding else joining:  # its drafter's work on each prompt (the hidden
+            if row.prefill is None:  # states it reads, a draft model's prefill), unless drafting does not pay here
                 pin = row.job.draft_len
-                ready = self.policy.drafts_at(len(rows) + len(joining)) if pin is None else pin > 0
-                row.read_hidden = self.read_hidden if ready else None
+                row.ready = self.policy.drafts_at(len(rows) + len(joining)) if pin is None else pin > 0
+                row.read_hidden = self.read_hidden if row.ready else None
         if not decoding and not batch.recurrent:
             for group in together([row for row in joining if row.read_hidden is None]):
                 prefilled = RaggedBatch.prefilled(self.model, [row.job.prompt[:-1] for row in group], **self.kv)
@@ -204,7 +206,7 @@ class BatchedDecoder:
     def _joined(self, drafters, rows: list[Row], row: Row, hidden: mx.array | None) -> None:
         """`row`, its prompt now in the batch's cache, joins the rows (and its drafter, with `hidden`)."""
         if drafters:
-            drafters.join(row.context, hidden)
+            drafters.join(row.context, hidden, row.ready)
         row.stats.prefill_seconds = time.perf_counter() - row.started
         rows.append(row)
 

@@ -57,7 +57,7 @@ class Drafter(Protocol):
     """Drafters that hold weights or caches of their own also expose them as `weights` (a module) and
     `caches` (a list), for the memory report; one with figures of its own says them in `report()` (a line for
     the statistics) and one with a shape of its own names it in `shape`. One that drafts for a batch has
-    `batched(target_batch)`, which returns the batch's drafter: `join(context, hidden)`, `select(rows)`,
+    `batched(target_batch)`, which returns the batch's drafter: `join(context, hidden, ready)`, `select(rows)`,
     `propose(contexts, lengths, params, keys)` and `accept(contexts, accepted, hidden)` (as `RowDrafters`). One
     that reads the target's hidden states over the prompt's last positions only says how many in `hidden_tail`."""
 
@@ -81,9 +81,10 @@ class RowDrafters:
     def __init__(self, name: str, make: Callable[[], Drafter]):
         self.name, self.make, self.rows = name, make, []
 
-    def join(self, context: list[int], hidden=None) -> None:
+    def join(self, context: list[int], hidden=None, ready: bool = True) -> None:
         """A row at the end of the batch, whose tokens so far are `context` (`hidden`: the target's states over
-        all but its last token, for drafters that read them)."""
+        all but its last token, for drafters that read them; not `ready`: drafting does not pay at this batch size
+        yet, so a drafter may put off its work on the prompt until the row first drafts)."""
         self.rows.append(self.make())
         self.rows[-1].begin(context, Step(None))
 
@@ -107,7 +108,7 @@ class LastHiddenRows:
     def __init__(self):
         self.last_hidden: list[mx.array | None] = []  # per row: (1, H), or None before its first verified position
 
-    def join(self, context: list[int], hidden: mx.array | None) -> None:
+    def join(self, context: list[int], hidden: mx.array | None, ready: bool = True) -> None:
         self.last_hidden.append(hidden[-1:] if hidden is not None and hidden.shape[0] else None)
 
     def select(self, rows: list[int]) -> None:

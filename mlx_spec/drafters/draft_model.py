@@ -100,8 +100,20 @@ class BatchedDraftModel:
         self.kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size}  # as the draft model's cache alone
         self.batch, self.fed = RaggedBatch(model, **self.kv), None
 
-    def join(self, context: list[int], hidden=None) -> None:
-        self.batch.join(RaggedBatch.prefilled(self.model, [context[:-1]], **self.kv))
+    def join(self, context: list[int], hidden=None, ready: bool = True) -> None:
+        """A row whose tokens so far are `context`, prefilled in the draft model now, or if not `ready` at its
+        first draft (where drafting does not pay, its prompt costs the draft model nothing)."""
+        self.batch.join(RaggedBatch.prefilled(self.model, [context[:-1] if ready else []], **self.kv))
+
+    def _prefill_unready(self, contexts: list[list[int]]) -> None:
+        """Prefill the rows that joined unready and hold nothing yet, each alone, in their places: their whole
+        contexts in the next forward would pad every row to their length."""
+        for row, (context, held) in enumerate(zip(contexts, self.batch.offsets)):
+            if held == 0 and len(context) > 1:
+                self.batch.join(RaggedBatch.prefilled(self.model, [context[:-1]], **self.kv))
+                order = list(range(self.batch.size - 1))
+                order[row] = self.batch.size - 1
+                self.batch.select(order)
 
     def select(self, rows: list[int]) -> None:
         self.batch.select(rows)
@@ -111,6 +123,7 @@ class BatchedDraftModel:
         longest, self.fed = max(lengths), None
         if longest == 0:
             return [Draft.empty() for _ in contexts]
+        self._prefill_unready(contexts)
         tails = [context[held:] for context, held in zip(contexts, self.batch.offsets)]
         inputs = np.zeros((len(tails), max(map(len, tails))), dtype=np.int32)
         for row, tail in enumerate(tails):

@@ -146,10 +146,10 @@ class BatchedMTP:
         self.pending: list[list[tuple[list[int], mx.array]]] = []  # per row: verified (tokens, hidden), no rows yet
         self.built = None  # after a draft: how many rows each row built for verified positions
 
-    def join(self, context: list[int], hidden: mx.array | None) -> None:
+    def join(self, context: list[int], hidden: mx.array | None, ready: bool = True) -> None:
         """A row whose prompt is `context`; `hidden` (n, H): the target's states over the last n positions before
-        its last token. Its rows are built now but the last, which scores its first draft. Without them (None) the
-        row gets rows from the positions it decodes, as after a pause."""
+        its last token. Its rows are built now but the last, which scores its first draft. Without them (None: not
+        `ready`, or none read) the row gets rows from the positions it decodes, as after a pause."""
         alone, first = RaggedBatch(self.rows, rows=1), len(context) - 1 - (0 if hidden is None else hidden.shape[0])
         for start in range(first, len(context) - 2, PREFILL_CHUNK):
             end = min(start + PREFILL_CHUNK, len(context) - 2)
