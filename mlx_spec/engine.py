@@ -17,7 +17,7 @@ import mlx.core as mx
 from .draft import Draft
 from .drafters import Drafter, shape
 from .errors import SpecError
-from .policy import AdaptiveDraftLength, BatchDraftLength, FixedDraftLength
+from .policy import AdaptiveDraftLength, FixedDraftLength
 from .prompts import prompt_text, render_prompt
 from .sampling import SamplingParams
 from .stats import Stats
@@ -152,8 +152,8 @@ class Engine:
         self.lockstep = None  # distributed.Lockstep: this engine's target is sharded across ranks kept in step
 
     def pin(self, draft_len: int | None, tree_width: int | None = None) -> None:
-        """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose (a fresh one,
-        for one-at-a-time streams and batches alike); from the next round decided on. tree_width: trees of at most the width the drafter was loaded with (1: chains); None:
+        """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose; from the
+        next round decided on. tree_width: trees of at most the width the drafter was loaded with (1: chains); None:
         that width."""
         check_draft_len(draft_len)
         width = self.tree_width if tree_width is None else tree_width
@@ -161,7 +161,6 @@ class Engine:
             raise SpecError(f"tree width must be from 1 to {self.tree_width} (the width this engine's drafter was "
                             f"loaded with, --tree-width), got {tree_width!r}")
         self.next_policy = draft_policy(draft_len if self.drafter else 0, self.max_draft_len, width)
-        self.batch_policy = None  # the adaptive policy of this engine's batches, kept from one batch to the next
 
     def policy_now(self):
         """The draft-length policy for the next round: the latest `pin`, or on distributed ranks the one they all
@@ -420,8 +419,7 @@ class Engine:
         """Decode `jobs` (`batched.Job`s: token ids and their settings), `batch_size` at a time in one batch
         (`batched.BatchedDecoder`; 1: one after another with `generate`); yields (the job's index, its Result) as
         each finishes. Drafting as this engine's: its drafter (drafting for the batch: `batched(target_batch)`),
-        its pinned length or the adaptive policy (`policy.BatchDraftLength`, which goes on from what this engine's
-        earlier batches learnt, until a `pin`); a job's own `draft_len` first."""
+        its pinned length or the adaptive policy (`policy.BatchDraftLength`); a job's own `draft_len` first."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise SpecError(f"batch size must be a whole number >= 1, got {batch_size!r}")
         if batch_size == 1:
@@ -450,11 +448,9 @@ class Engine:
 
         if problem := self.batch_problem():
             raise SpecError(f"{problem}: use a batch size of 1")
-        if draft_len is None and self.drafter and self.batch_policy is None:
-            self.batch_policy = BatchDraftLength(self.max_draft_len)
         return BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
                               self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size,
-                              self.target.hidden_tail, self.batch_policy)
+                              self.target.hidden_tail)
 
 
 def emit(new_tokens: list[int], accepted: int, generated: list[int], text: TextStream, eos, max_tokens: int):

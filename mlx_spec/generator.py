@@ -156,8 +156,7 @@ class Generator:
     def generate(self, job: Job) -> None:
         engine = self.engine_for(job.drafter)
         self.running = (job, engine)
-        if job.draft_len is not None or engine.status().draft_len is not None:  # else the policy learnt goes on
-            engine.pin(job.draft_len)  # after `running`: a pin that comes meanwhile reaches this engine
+        engine.pin(job.draft_len)  # after `running`: a pin that comes meanwhile reaches this engine
         for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
             if job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline:
                 engine.stop()  # takes effect after this round

@@ -3,15 +3,12 @@
     python scripts/bench_batch.py [--models qwen2.5-coder-0.5b,demo --sizes 1,4,8,16 --tokens 32 --reps 1]
                                   [--draft-model qwen2.5-coder-0.5b]   # also the draft-model drafter (for 1.5B)
                                   [--pins 0,1]   # also the MTP layer (else n-gram) with every job pinned to each
-                                  [--fresh]      # every timed run starts from a fresh adaptive policy
 
 For each model (float32, from scripts/real_models.py, or "demo": the built-in one) and batch size B, on the demo's
 held-out code prompts (max(8, B) of them, every one made to write exactly --tokens tokens), interleaved in one
 process: mlx-lm `batch_generate` (completion and prefill batch size B), mlx-spec batched with drafting off, and
 mlx-spec batched with the adaptive policy per batch size for each drafter (n-gram; the checkpoint's MTP layer when
-it has one, as the demo does; the draft model when given). Each engine's adaptive policy goes on from what its
-untimed warm-up and earlier runs measured, as a server's does from one burst of requests to the next; with --fresh
-each timed run starts from a fresh one, as one `mlx-spec batch` command does.
+it has one, as the demo does; the draft model when given).
 Prints total tokens/s (every token generated over the whole wall time, prefills included), the ratio to mlx-lm
 batched, acceptance, and how many outputs equal mlx-spec's own one-at-a-time plain decoding; then whether the
 machine was quiet enough to trust the figures.
@@ -52,7 +49,6 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--draft-model", help="a real model (name) to draft with as well, e.g. qwen2.5-coder-0.5b")
-    parser.add_argument("--fresh", action="store_true", help="start every timed run from a fresh adaptive policy")
     parser.add_argument("--pins", default="", help="draft lengths to also run the MTP layer (else n-gram) pinned "
                         "to, every job's own (0: what the drafter costs when it drafts nothing)")
     args = parser.parse_args()
@@ -104,8 +100,6 @@ def main() -> int:
                         list(t) == r for t, r in zip(out.token_ids, reference))
                     for name, engine in contenders.items():
                         jobs = [Job(p, max_tokens=args.tokens, draft_len=pins.get(name)) for p in batch]
-                        if args.fresh:
-                            engine.pin(None)
                         start = time.perf_counter()
                         results = dict(engine.generate_many(jobs, size))
                         seconds = time.perf_counter() - start

@@ -14,7 +14,6 @@ from test_sampling import assert_follows, exact_sequences, prompt_where_drafts_p
 import mlx_spec
 from mlx_spec.batched import BatchedDecoder, Job, Row, together
 from mlx_spec.drafters.qwen_mtp import PROMPT_ROWS
-from mlx_spec.engine import Done
 from mlx_spec.errors import SpecError
 from mlx_spec.loading import DEMO
 from mlx_spec.policy import FixedDraftLength
@@ -145,12 +144,13 @@ def test_a_row_joining_where_drafting_does_not_pay_skips_its_prompt_rows_and_dra
     assert sum(r.stats.accepted for r in results.values()) > 0
 
 
-def test_a_row_joining_where_drafting_does_not_pay_is_prefilled_in_the_draft_model_at_its_first_draft(tiny,
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "gemma3"])  # full KV, Gated DeltaNet, sliding windows
+def test_a_row_joining_where_drafting_does_not_pay_is_prefilled_in_the_draft_model_at_its_first_draft(tiny, family,
                                                                                                     monkeypatch):
     """A draft model puts off its prefill of a row that joins where drafting does not pay until the batch first
     drafts, then prefills each such row alone (in its place: not padding every row to its context); every row
     equals plain decoding, with drafts accepted."""
-    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-draft"]), drafter="draft-model")
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), drafter="draft-model")
     jobs, prefills, prefilled = jobs_for(engine)[:4], [], RaggedBatch.prefilled.__func__
     monkeypatch.setattr(RaggedBatch, "prefilled", classmethod(
         lambda cls, model, prompts, **kv: prefills.append((model, [len(p) for p in prompts])) or
@@ -179,27 +179,6 @@ def test_a_job_pinned_draft_length_holds_at_every_batch_size(tiny, batch_size):
     assert results[0].stats.drafted == 0 and results[0].stats.policy == "drafting off"
     assert results[1].stats.policy == "draft length 3 (pinned)"
     assert engine.status().draft_len is None and "pinned" not in results[2].stats.policy
-
-
-def test_an_engines_batches_go_on_from_what_its_earlier_batches_learnt(tiny):
-    """The adaptive batch policy is the engine's: a later batch (`generate_many`, or a server's next burst through
-    `stream_many`) goes on from the round times and acceptance the earlier ones measured instead of measuring
-    them again; `pin(None)` starts a fresh one. Every batch's rows equal plain decoding."""
-    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="ngram")
-    jobs = jobs_for(engine)[:4]
-    plain = [engine.with_drafter("off").generate(job.prompt, max_tokens=job.max_tokens).tokens for job in jobs]
-    first = dict(engine.generate_many(jobs, 2))
-    policy = engine.batch_policy
-    measured, rounds = set(policy.seconds), policy.rounds
-    assert len(measured) >= 2 and rounds >= max(len(r.tokens) for r in first.values()) / (1 + policy.max_len)
-    queue = deque(enumerate(jobs))
-    second = [event for _, event in engine.stream_many(lambda: queue.popleft() if queue else None, 2)]
-    assert engine.batch_policy is policy and policy.rounds > rounds and measured <= set(policy.seconds)
-    engine.pin(None)
-    third = dict(engine.generate_many(jobs, 2))
-    assert engine.batch_policy is not policy and engine.batch_policy.rounds < policy.rounds
-    assert [first[i].tokens for i in range(len(jobs))] == [third[i].tokens for i in range(len(jobs))] == plain
-    assert sorted(e.tokens for e in second if isinstance(e, Done)) == sorted(plain)
 
 
 @pytest.mark.parametrize("assistant", ["gemma4-assistant", "gemma4-assistant-dense"])  # masked / dense head
