@@ -24,7 +24,7 @@ __all__ = ["load", "generate", "stream", "render_prompt", "batch", "Engine", "En
 __version__ = "0.1.0"
 
 _HOMES = {"load": "loading", "render_prompt": "prompts", "Engine": "engine", "EngineStatus": "engine",
-          "Result": "engine", "Token": "engine", "Text": "engine", "Round": "engine", "Done": "engine",
+          "Result": "events", "Token": "events", "Text": "events", "Round": "events", "Done": "events",
           "SamplingParams": "sampling", "SpecError": "errors"}
 
 

@@ -21,12 +21,11 @@ from typing import Callable, Iterable, Iterator
 
 import mlx.core as mx
 
-from . import compat
 from .draft import Draft
-from .engine import Done, Result, Round, Text, Token, emit
+from .events import Done, Result, Round, Text, Token, emit
 from .errors import SpecError
 from .policy import BatchDraftLength, FixedDraftLength
-from .ragged import RaggedBatch, RaggedKVCache
+from .ragged import RaggedBatch, RaggedKVCache, check_batches
 from .sampling import SamplingParams
 from .stats import Stats
 from .text_stream import TextStream
@@ -121,7 +120,7 @@ class BatchedDecoder:
         each prompt's last `hidden_tail` positions (None: all); kv_bits: the target's keys and values quantized."""
         if problem := batch_problem(model, drafter):
             raise SpecError(f"{problem}: use a batch size of 1")
-        compat.check_batches()
+        check_batches()
         drafter = drafter if draft_len != 0 else None
         self.model, self.tokenizer = model, tokenizer
         self.kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size}

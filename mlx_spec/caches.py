@@ -15,8 +15,11 @@ the same for a tree verified in one forward, each node seeing the keys within th
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from . import compat
@@ -244,3 +247,23 @@ def visible_kv(cache, window: int | None = None) -> tuple[mx.array, mx.array]:
         return (mx.concatenate([cache.keys[..., start:, :], cache.keys[..., :end, :]], axis=2),
                 mx.concatenate([cache.values[..., start:, :], cache.values[..., :end, :]], axis=2))
     return cache.keys[..., cache.offset - n:cache.offset, :], cache.values[..., cache.offset - n:cache.offset, :]
+
+
+@functools.cache
+def check_trees() -> None:
+    """Token-tree verification's reliance points on mlx-lm (see compat), on tiny inputs: rotary embeddings at
+    arbitrary positions, and masks asked of the cache."""
+    holder = nn.Module()
+    holder.rope = nn.RoPE(8)
+    compat.positioned_ropes(holder)
+    x = mx.random.normal((1, 2, 3, 8), key=mx.random.key(0))
+    with positions(mx.array([5, 6, 6])):
+        tree = holder.rope(x, offset=5)
+    if not (mx.allclose(tree[:, :, :2], holder.rope(x[:, :, :2], offset=5))
+            and mx.allclose(tree[:, :, 2:], holder.rope(x[:, :, 2:], offset=6))):
+        raise compat.broken("rotary embeddings (mx.fast.rope no longer takes an offset per batch row)")
+    cache = TreeKVCache()
+    cache.attend = mx.array([[True, False], [False, True]])
+    mask = create_attention_mask(mx.zeros((1, 2, 4)), cache)
+    if not (isinstance(mask, mx.array) and mask.tolist() == [[True, False], [False, True]]):
+        raise compat.broken("attention masks (create_attention_mask no longer asks the cache's make_mask)")

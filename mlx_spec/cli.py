@@ -144,7 +144,7 @@ def load_engine(args):
 
 
 def generate(args) -> int:
-    from .engine import Done, Text, Token
+    from .events import Done, Text, Token
     from .prompts import render_prompt
 
     params = sampling_params(args)

@@ -15,8 +15,8 @@ from typing import Iterator
 
 import httpx
 
-from .engine import Done, EngineStatus, Result, Round, Text, Token, check_draft_len, collect, draft_policy, \
-    event_from_dict
+from .engine import EngineStatus, check_draft_len, draft_policy
+from .events import Done, Result, Round, Text, Token, collect, event_from_dict
 from .errors import SpecError
 from .memory import MemoryReport
 from .sampling import SamplingParams

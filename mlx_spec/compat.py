@@ -27,7 +27,9 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
   as layer 0), and DeepSeek-V3's, which drops the nextn layer only at index 61 (`drop_nextn_layers` drops it at
   any depth).
 `check()` runs each of these on tiny layers the first time a model is wrapped, and fails with a message naming
-the installed mlx-lm version and the tested range, so an mlx-lm release that changes them breaks loudly.
+the installed mlx-lm version and the tested range, so an mlx-lm release that changes them breaks loudly. The
+checks that run mlx-lm through mlx-spec's own caches live beside those caches (`caches.check_trees`,
+`ragged.check_batches`) and report through `broken`: this module imports nothing of mlx-spec's but its error.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import inspect
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text, llama, qwen3_5, qwen3_next
-from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from .errors import SpecError
@@ -228,27 +229,6 @@ def positions(values: mx.array):
 
 
 @functools.cache
-def check_trees() -> None:
-    """Token-tree verification's reliance points, on tiny inputs."""
-    from .caches import TreeKVCache
-
-    holder = nn.Module()
-    holder.rope = nn.RoPE(8)
-    positioned_ropes(holder)
-    x = mx.random.normal((1, 2, 3, 8), key=mx.random.key(0))
-    with positions(mx.array([5, 6, 6])):
-        tree = holder.rope(x, offset=5)
-    if not (mx.allclose(tree[:, :, :2], holder.rope(x[:, :, :2], offset=5))
-            and mx.allclose(tree[:, :, 2:], holder.rope(x[:, :, 2:], offset=6))):
-        raise broken("rotary embeddings (mx.fast.rope no longer takes an offset per batch row)")
-    cache = TreeKVCache()
-    cache.attend = mx.array([[True, False], [False, True]])
-    mask = create_attention_mask(mx.zeros((1, 2, 4)), cache)
-    if not (isinstance(mask, mx.array) and mask.tolist() == [[True, False], [False, True]]):
-        raise broken("attention masks (create_attention_mask no longer asks the cache's make_mask)")
-
-
-@functools.cache
 def check() -> None:
     """Run every reliance point above on tiny layers; raise SpecError naming what changed."""
     check_rotating_cache()
@@ -259,50 +239,6 @@ def check() -> None:
     if not hasattr(qwen3_next.Qwen3NextGatedDeltaNet, "fix_query_key_value_ordering"):
         raise broken("Qwen3-Next's GatedDeltaNet (no fix_query_key_value_ordering)")
     check_llama_attention()
-
-
-@functools.cache
-def check_batches() -> None:
-    """Two rows of different lengths in one RaggedBatch, their prompts prefilled apart or together (padded), score
-    their next tokens as the model alone does: a tiny Llama, and a tiny Gemma 3 whose sliding window (2) is
-    shorter than the rows."""
-    from mlx_lm.models import gemma3_text
-
-    llama_model = llama.Model(llama_args(dict(hidden_size=16, num_hidden_layers=1, intermediate_size=32,
-                                              num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6,
-                                              vocab_size=8)))
-    if not _rows_match(llama_model):
-        raise broken("batched attention (rotary embeddings with one offset per row, or masks from cache.make_mask)")
-    wide = llama.Model(llama_args(dict(hidden_size=64, num_hidden_layers=1, intermediate_size=32, num_attention_heads=2,
-                                       num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=8)))
-    if not _rows_match(wide, kv_bits=8):
-        raise broken("quantized attention in batches (a cache with `bits` attended to as a QuantizedKVCache)")
-    gemma = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(dict(
-        model_type="gemma3_text", hidden_size=16, num_hidden_layers=2, intermediate_size=32, num_attention_heads=2,
-        head_dim=8, vocab_size=8, query_pre_attn_scalar=8, sliding_window=2, sliding_window_pattern=2)))
-    if not _rows_match(gemma):
-        raise broken("sliding-window attention in batches (the window no longer passed to cache.make_mask)")
-
-
-def _rows_match(model, kv_bits: int | None = None) -> bool:
-    from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
-
-    from .ragged import RaggedBatch
-
-    kv = {"kv_bits": kv_bits, "kv_group_size": 32}
-    rows = [[1, 2, 3, 4, 5], [6, 7]]
-    for together in (False, True):  # prompts prefilled one at a time, then together (padded)
-        batch = RaggedBatch(model, **kv)
-        for prompts in [[tokens[:-1] for tokens in rows]] if together else [[tokens[:-1]] for tokens in rows]:
-            batch.join(RaggedBatch.prefilled(model, prompts, **kv))
-        batch.mark()
-        logits = batch.forward(mx.array([[5, 0], [7, 1]]), [1, 2])
-        for row, (tokens, column) in enumerate(zip([[1, 2, 3, 4, 5], [6, 7, 1]], (0, 1))):
-            cache = [QuantizedKVCache(32, kv_bits) for _ in model.layers] if kv_bits else make_prompt_cache(model)
-            alone = model(mx.array([tokens]), cache=cache)[0, -1]
-            if not mx.allclose(logits[row, column], alone, atol=1e-4):
-                return False
-    return True
 
 
 def check_llama_attention() -> None:

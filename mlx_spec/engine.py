@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import mlx.core as mx
 
+from .batched import BatchedDecoder, batch_problem, largest_batch
 from .draft import Draft
 from .drafters import Drafter, shape
 from .errors import SpecError
+from .events import Done, Result, Round, Text, Token, collect, emit
 from .policy import AdaptiveDraftLength, FixedDraftLength
 from .prompts import prompt_text, render_prompt
 from .sampling import SamplingParams
@@ -26,58 +28,7 @@ from .target import MAX_DRAFT_LEN, Step, Target
 from .verify import verify_draft, verify_tree
 
 
-@dataclass
-class Token:
-    id: int
-    text: str  # newly printable text (may be empty while a multi-byte character or stop string is pending)
-    from_draft: bool
-
-
-@dataclass
-class Text:
-    """Printable text that comes with no new token: what was held back for a stop string that never came."""
-
-    text: str
-
-
-@dataclass
-class Round:
-    draft_len: int  # drafted positions (a tree's depth)
-    accepted: int
-    nodes: int = 0  # drafted tokens verified (a tree's nodes; a chain's draft_len)
-
-
-@dataclass
-class Done:
-    stop_reason: str  # "eos", "max_tokens", "stop_string" or "stopped" (Engine.stop)
-    text: str
-    tokens: list[int]
-    stats: Stats
-
-
 UNTIMED_ROUNDS = 3  # a generation's first rounds, whose times the draft-length policy does not learn from
-EVENTS = {"token": Token, "text": Text, "round": Round, "done": Done}
-
-
-def event_to_dict(event: Token | Text | Round | Done) -> dict:
-    """An event as JSON can carry it ({"type": "token", ...}); `event_from_dict` reads it back."""
-    return {"type": next(name for name, kind in EVENTS.items() if isinstance(event, kind)), **asdict(event)}
-
-
-def event_from_dict(data: dict) -> Token | Text | Round | Done:
-    fields = {k: v for k, v in data.items() if k != "type"}
-    if data["type"] == "done":
-        fields["stats"] = Stats(**fields["stats"])
-    return EVENTS[data["type"]](**fields)
-
-
-@dataclass
-class Result:
-    text: str
-    tokens: list[int]
-    stop_reason: str
-    stats: Stats
-    from_draft: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -400,8 +351,6 @@ class Engine:
 
     def batch_problem(self) -> str | None:
         """Why `generate_many` can only decode one sequence at a time here (None: it batches)."""
-        from .batched import batch_problem
-
         if self.lockstep:
             return "batches are not decoded across distributed ranks yet"
         return batch_problem(self.target.model, self.drafter)
@@ -409,8 +358,6 @@ class Engine:
     def largest_batch(self, tokens_per_row: int) -> int:
         """The largest batch whose caches (`tokens_per_row` positions a row) fit in half the memory available."""
         import psutil
-
-        from .batched import largest_batch
 
         return largest_batch(self.target.model, tokens_per_row, psutil.virtual_memory().available,
                              self.target.kv_bits, self.target.kv_group_size)
@@ -444,36 +391,8 @@ class Engine:
         yield from self._decoder(None).stream(take, batch_size, should_stop)
 
     def _decoder(self, draft_len: int | None):
-        from .batched import BatchedDecoder
-
         if problem := self.batch_problem():
             raise SpecError(f"{problem}: use a batch size of 1")
         return BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
                               self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size,
                               self.target.hidden_tail)
-
-
-def emit(new_tokens: list[int], accepted: int, generated: list[int], text: TextStream, eos, max_tokens: int):
-    """Add a round's tokens to `generated` up to the first stop: (their Token events, the stop reason or None)."""
-    events = []
-    for i, token in enumerate(new_tokens):
-        generated.append(token)
-        if token in eos:
-            return events, "eos"
-        events.append(Token(token, text.add(token), from_draft=i < accepted))
-        if text.stopped_at is not None:
-            return events, "stop_string"
-        if len(generated) >= max_tokens:
-            return events, "max_tokens"
-    return events, None
-
-
-def collect(events: Iterator[Token | Text | Round | Done]) -> Result:
-    """A whole generation from its events."""
-    from_draft = []
-    for event in events:
-        if isinstance(event, Token):
-            from_draft.append(event.from_draft)
-        elif isinstance(event, Done):
-            return Result(event.text, event.tokens, event.stop_reason, event.stats, from_draft)
-    raise SpecError("the generation ended without its last event")

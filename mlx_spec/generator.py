@@ -20,7 +20,8 @@ from starlette.responses import JSONResponse
 
 from . import memory
 from .batched import Job as BatchJob
-from .engine import Done, Engine, Round
+from .engine import Engine
+from .events import Done, Round
 from .errors import SpecError
 from .sampling import SamplingParams
 

@@ -18,11 +18,15 @@ input. Other cache types: `RaggedBatch.problem` says why they cannot be batched.
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_map
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models import gemma3_text, llama
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
+from . import compat
 from .caches import RecurrentCache
 from .models import qwen3_5
 from .target import hidden_from, next_piece
@@ -332,3 +336,39 @@ def _stack_rows(mine: mx.array | None, rows: int, theirs: mx.array | None, their
     mine = mine if mine is not None else mx.zeros((rows, *like.shape[1:]), like.dtype)
     theirs = theirs if theirs is not None else mx.zeros((their_rows, *like.shape[1:]), like.dtype)
     return mx.concatenate([mine, theirs])
+
+
+@functools.cache
+def check_batches() -> None:
+    """Two rows of different lengths in one RaggedBatch, their prompts prefilled apart or together (padded), score
+    their next tokens as the model alone does: a tiny Llama, and a tiny Gemma 3 whose sliding window (2) is
+    shorter than the rows."""
+    tiny = dict(num_hidden_layers=1, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                rms_norm_eps=1e-6, vocab_size=8)
+    if not _rows_match(llama.Model(compat.llama_args(dict(hidden_size=16, **tiny)))):
+        raise compat.broken("batched attention (rotary embeddings with one offset per row, or masks from "
+                            "cache.make_mask)")
+    if not _rows_match(llama.Model(compat.llama_args(dict(hidden_size=64, **tiny))), kv_bits=8):
+        raise compat.broken("quantized attention in batches (a cache with `bits` attended to as a QuantizedKVCache)")
+    gemma = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(dict(
+        model_type="gemma3_text", hidden_size=16, num_hidden_layers=2, intermediate_size=32, num_attention_heads=2,
+        head_dim=8, vocab_size=8, query_pre_attn_scalar=8, sliding_window=2, sliding_window_pattern=2)))
+    if not _rows_match(gemma):
+        raise compat.broken("sliding-window attention in batches (the window no longer passed to cache.make_mask)")
+
+
+def _rows_match(model, kv_bits: int | None = None) -> bool:
+    kv = {"kv_bits": kv_bits, "kv_group_size": 32}
+    rows = [[1, 2, 3, 4, 5], [6, 7]]
+    for together in (False, True):  # prompts prefilled one at a time, then together (padded)
+        batch = RaggedBatch(model, **kv)
+        for prompts in [[tokens[:-1] for tokens in rows]] if together else [[tokens[:-1]] for tokens in rows]:
+            batch.join(RaggedBatch.prefilled(model, prompts, **kv))
+        batch.mark()
+        logits = batch.forward(mx.array([[5, 0], [7, 1]]), [1, 2])
+        for row, (tokens, column) in enumerate(zip([[1, 2, 3, 4, 5], [6, 7, 1]], (0, 1))):
+            cache = [QuantizedKVCache(32, kv_bits) for _ in model.layers] if kv_bits else make_prompt_cache(model)
+            alone = model(mx.array([tokens]), cache=cache)[0, -1]
+            if not mx.allclose(logits[row, column], alone, atol=1e-4):
+                return False
+    return True

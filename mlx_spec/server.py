@@ -32,7 +32,8 @@ from starlette.routing import Route
 
 from . import memory
 from .batch import MAX_SEED
-from .engine import Done, Engine, Text, Token, check_draft_len, event_to_dict
+from .engine import Engine, check_draft_len
+from .events import Done, Text, Token, event_to_dict
 from .errors import SpecError
 from .generator import APIError, Generator, Job
 from .prompts import check_messages, render_prompt
@@ -193,7 +194,7 @@ class Server:
 
     async def generate(self, request: Request):
         """The engine's events as server-sent events: {"type": "start", "id"}, then token / text / round ones
-        (engine.event_to_dict), then "done" with the server's memory report, or {"type": "error", "error"}."""
+        (events.event_to_dict), then "done" with the server's memory report, or {"type": "error", "error"}."""
         body = await self.body(request)
         chat = "messages" in body
         job = parse_job(body, chat, self, native=True)

@@ -8,8 +8,8 @@ import mlx.core as mx
 import numpy as np
 
 from . import compat
-from .caches import (RecurrentCache, keep, make_caches, rollback, tree_forward, trimmable, unsupported_cache,
-                     verifies_trees)
+from .caches import (RecurrentCache, check_trees, keep, make_caches, rollback, tree_forward, trimmable,
+                     unsupported_cache, verifies_trees)
 from .errors import SpecError
 from .models import qwen3_5
 
@@ -113,7 +113,7 @@ class Target:
             if verifies_trees(self.cache):
                 return "its sliding-window layers verify a tree in one forward but cannot grow one level by level"
             return "its recurrent layers keep one sequence, not the branches of a tree"
-        compat.check_trees()
+        check_trees()
         if compat.positioned_ropes(self.model) != len(self.cache):
             return "not every attention layer has a rotary embedding of its own that mlx-spec can place"
         self.tree_ready = True

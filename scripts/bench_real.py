@@ -32,7 +32,8 @@ import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import Neighbours, spread  # noqa: E402
 from mlx_spec.drafters.draft_model import DraftModelDrafter  # noqa: E402
-from mlx_spec.engine import Done, Engine, Token  # noqa: E402
+from mlx_spec.engine import Engine  # noqa: E402
+from mlx_spec.events import Done, Token  # noqa: E402
 from mlx_spec.sampling import SamplingParams  # noqa: E402
 from mlx_spec.target import Target  # noqa: E402
 

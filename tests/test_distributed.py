@@ -182,7 +182,7 @@ def test_tensor_parallel_qwen3_with_a_draft_model_serves_a_client(tiny, tmp_path
 PIN_AND_STOP_MIDWAY = """
 import json, sys
 import mlx_spec
-from mlx_spec.engine import Done, Round
+from mlx_spec.events import Done, Round
 engine = mlx_spec.load(sys.argv[1], sys.argv[2], "draft-model", draft_len=3, distributed="tensor")
 if not engine.lockstep.leader:
     sys.exit(engine.lockstep.follow(engine))

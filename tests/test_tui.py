@@ -12,7 +12,7 @@ from helpers import KEY, assert_one_line_error, free_port, run_cli, start_server
 
 import mlx_spec
 from mlx_spec.client import RemoteEngine
-from mlx_spec.engine import Round
+from mlx_spec.events import Round
 from mlx_spec.memory import classify_pressure, parse_psi
 from mlx_spec.sampling import SamplingParams
 from mlx_spec.tui.app import ChatApp

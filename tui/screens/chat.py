@@ -20,7 +20,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
-from mlx_spec.engine import Done, Engine, Round, Text, Token
+from mlx_spec.engine import Engine
+from mlx_spec.events import Done, Round, Text, Token
 from mlx_spec.errors import SpecError
 from mlx_spec.sampling import SamplingParams
 from mlx_spec.stats import Stats

@@ -1,0 +1,75 @@
+"""The shape of the house: no module imports another that imports it back (lazy imports in functions count),
+the seam to mlx-lm imports nothing of ours but the error type, and no file grows past ~500 lines."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"mlx_spec": ROOT / "mlx_spec", "mlx_spec.tui": ROOT / "tui"}  # tui/ installs as mlx_spec.tui
+MAX_LINES = 500
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = [package, *path.relative_to(folder).with_suffix("").parts]
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ours that `name` imports anywhere in its file."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            found |= {t for t in [target, *(f"{target}.{a.name}" for a in node.names)] if t in known}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in known}
+    return found - {name}
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(name, path, set(found)) for name, path in found.items()}
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules along it, or None."""
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        path.pop()
+        return None
+
+    return next((found for node in sorted(edges) if node not in state and (found := visit(node))), None)
+
+
+def test_the_checker_sees_a_cycle_and_the_package_graph():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    edges = graph()
+    assert "mlx_spec.events" in edges["mlx_spec.batched"] and "mlx_spec.batched" in edges["mlx_spec.engine"]
+
+
+def test_no_module_imports_itself_back():
+    assert cycle(graph()) is None
+
+
+def test_the_mlx_lm_seam_stands_on_the_ground():
+    assert graph()["mlx_spec.compat"] <= {"mlx_spec.errors"}
+
+
+def test_no_file_grows_past_the_limit():
+    lines = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    assert len(lines) > 40 and not {name: n for name, n in lines.items() if n > MAX_LINES}
