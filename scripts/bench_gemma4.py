@@ -6,7 +6,7 @@ end-to-end tokens/s against plain decoding (interleaved, median of 3).
 Random float32 Gemma 4-layout models (sliding window 64, KV-shared last layers, per-layer inputs) with a
 quarter-width assistant. Two assistants: the random one with the sparse centroid head (it is right almost
 never: the row shows the overhead) and a dense-head one distilled briefly to predict the target's greedy
-choices (`tiny.distill_gemma4_assistant`; it shows what the mechanism gains when drafts are right). Not a
+choices (`tiny_gemma4.distill_gemma4_assistant`; it shows what the mechanism gains when drafts are right). Not a
 trained Gemma: read the ratios, not the absolute rates.
 """
 
@@ -25,6 +25,7 @@ import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
 import tiny  # noqa: E402
+import tiny_gemma4  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import interleaved, median_ms  # noqa: E402
 from mlx_spec.sampling import SamplingParams  # noqa: E402
@@ -42,15 +43,15 @@ def main():
     atexit.register(shutil.rmtree, root, True)  # benchmark-sized weights: gigabytes
     tok = tiny.build_tokenizer(root / "tokenizer")
     heads = args.hidden // 128
-    target = tiny.build_gemma4_target(root / "gemma4", tok, sliding_window=64, hidden=args.hidden,
+    target = tiny_gemma4.build_gemma4_target(root / "gemma4", tok, sliding_window=64, hidden=args.hidden,
                                       layers=args.layers, overrides={
                                           "num_attention_heads": heads, "head_dim": 128, "global_head_dim": 256,
                                           "num_kv_shared_layers": args.layers // 3,
                                           "intermediate_size": 4 * args.hidden})
-    assistants = {"random, centroid head": tiny.build_gemma4_assistant(root / "random", target,
+    assistants = {"random, centroid head": tiny_gemma4.build_gemma4_assistant(root / "random", target,
                                                                        hidden=args.hidden // 4)}
-    dense = tiny.build_gemma4_assistant(root / "dense", target, ordered=False, hidden=args.hidden // 4)
-    assistants["distilled, dense head"] = tiny.distill_gemma4_assistant(root / "distilled", dense, target)
+    dense = tiny_gemma4.build_gemma4_assistant(root / "dense", target, ordered=False, hidden=args.hidden // 4)
+    assistants["distilled, dense head"] = tiny_gemma4.distill_gemma4_assistant(root / "distilled", dense, target)
     print(f"target: gemma4 d={args.hidden} x{args.layers}, window 64, float32; assistant d={args.hidden // 4} x4; "
           f"BLAS: {linux_blas.describe()}; {args.tokens} tokens, k={args.draft_len}")
 

@@ -40,12 +40,13 @@ REAL_PROMPTS = [
 def tiny_setup(root: Path) -> tuple[str, dict[str, str], list]:
     """The tiny target, its drafters (name -> draft-model path), and the prompts its heads were trained on."""
     import tiny
+    import tiny_heads
 
     tokenizer = tiny.build_tokenizer(root / "tokenizer")
     target = tiny.build_checkpoint(root / "qwen3", "qwen3", tokenizer, layers=4, seed=0)
     drafters = {"layer-skip draft": tiny.build_layer_skip_draft(root / "draft", target, keep_layers=2),
-                "eagle3": tiny.build_eagle3(root / "eagle3", target, tiny.HEAD_TEXTS, feature_layers=[0, 2, 3]),
-                "medusa": tiny.build_medusa(root / "medusa", target, tiny.HEAD_TEXTS)}
+                "eagle3": tiny_heads.build_eagle3(root / "eagle3", target, tiny.HEAD_TEXTS, feature_layers=[0, 2, 3]),
+                "medusa": tiny_heads.build_medusa(root / "medusa", target, tiny.HEAD_TEXTS)}
     return str(target), {name: str(path) for name, path in drafters.items()}, tiny.HEAD_TEXTS
 
 

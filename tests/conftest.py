@@ -7,10 +7,17 @@ os.environ.setdefault("MLX_SPEC_BLAS", "bundled")
 
 import mlx_spec  # noqa: E402, F401  before anything imports mlx
 import pytest  # noqa: E402
-from tiny import build_suite  # noqa: E402
+from suite import build_suite  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory):
-    """Every tiny checkpoint (HF layout, real tokenizer), built once per test session."""
-    return build_suite(tmp_path_factory.mktemp("tiny"))
+def tiny(tmp_path_factory, pytestconfig):
+    """Every tiny checkpoint (HF layout, real tokenizer), set up once per test session; says what it set up."""
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+
+    def progress(line):
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(f"tiny checkpoints: {line}")
+    return build_suite(tmp_path_factory.mktemp("tiny"), progress)

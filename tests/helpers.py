@@ -1,5 +1,6 @@
 """Shared by several test modules: references computed independently of mlx-spec's engine."""
 
+import functools
 import json
 import os
 import shutil
@@ -23,10 +24,16 @@ from tiny import PROMPT  # noqa: F401  the tests' prompt (the Medusa test heads 
 
 
 
+@functools.lru_cache(maxsize=8)
+def loaded(path: str):
+    """mlx-lm's model and tokenizer of a checkpoint, loaded once (a model holds no state between forwards)."""
+    return load(path)
+
+
 def plain_greedy(path, prompt_ids, max_tokens, repetition_penalty=1.0, kv_bits=None):
     """mlx-lm's own plain greedy decoding, up to and including the first end-of-sequence token: the reference
     output of the target alone."""
-    model, tokenizer = load(str(path))
+    model, tokenizer = loaded(str(path))
     processors = (make_logits_processors(repetition_penalty=repetition_penalty, repetition_context_size=64)
                   if repetition_penalty != 1.0 else None)
     if kv_bits:  # quantized from the first prompt token (mlx-lm's generate_step keeps the prompt unquantized)

@@ -6,7 +6,8 @@ from collections import deque
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, FlatCostBatchPolicy, RandomDraftLengths, Unreadied, assert_one_line_error, run_cli
+from helpers import (PROMPT, FlatCostBatchPolicy, RandomDraftLengths, Unreadied, assert_one_line_error, plain_greedy,
+                     run_cli)
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
 from test_sampling import assert_follows, exact_sequences, prompt_where_drafts_pass
@@ -38,15 +39,14 @@ def jobs_for(engine, sampled: bool = False) -> list[Job]:
     ("gemma3", "draft-model", "gemma3-draft", None), ("gemma3", "ngram", None, 2),  # sliding windows (16)
     ("qwen3_5", "off", None, 0), ("gemma3", "off", None, 0)])  # plain steps run ahead, sampled rows too
 def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_len):
-    """Greedy rows equal plain decoding; sampled rows (pinned draft lengths) equal decoding them alone with the
-    same seed, token for token: each row's keys and verdicts are its own. The adaptive policy runs on a flat cost
+    """Greedy rows equal mlx-lm's plain decoding; sampled rows (pinned draft lengths) equal decoding them alone with
+    the same seed, token for token: each row's keys and verdicts are its own. The adaptive policy runs on a flat cost
     model, so that how much it drafts does not depend on how busy the machine is."""
     engine = mlx_spec.load(str(tiny[family]), draft_model=draft and str(tiny[draft]), drafter=drafter,
                            draft_len=draft_len)
     jobs = jobs_for(engine, sampled=draft_len is not None)
-    plain = engine.with_drafter("off")
-    alone = [(plain if job.params.greedy else engine).generate(job.prompt, job.params, job.max_tokens, [], job.seed)
-             for job in jobs]
+    alone = [plain_greedy(tiny[family], job.prompt, job.max_tokens) if job.params.greedy else
+             engine.generate(job.prompt, job.params, job.max_tokens, [], job.seed).tokens for job in jobs]
     if draft_len is None and drafter != "off":
         decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, engine.max_draft_len)
         decoder.policy = FlatCostBatchPolicy(engine.max_draft_len)
@@ -57,10 +57,22 @@ def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_
     assert [i for i, _ in finished] != list(range(len(jobs)))  # short answers leave first, queued jobs join
     results = dict(finished)
     for i, job in enumerate(jobs):
-        assert results[i].tokens == alone[i].tokens, i
-        assert results[i].text == alone[i].text and results[i].stop_reason == alone[i].stop_reason
+        assert results[i].tokens == alone[i], i
+        ended = alone[i][-1] in engine.tokenizer.eos_token_ids
+        assert results[i].stop_reason == ("eos" if ended else "max_tokens"), i
+        assert results[i].text == mlx_lm_text(engine.tokenizer, alone[i][:-1] if ended else alone[i]), i
     if drafter != "off":
         assert 0 < sum(r.stats.accepted for r in results.values()) < sum(r.stats.drafted for r in results.values())
+
+
+def mlx_lm_text(tokenizer, tokens: list[int]) -> str:
+    """`tokens` as mlx-lm's own streaming detokenizer writes them."""
+    detokenizer = tokenizer.detokenizer
+    detokenizer.reset()
+    for token in tokens:
+        detokenizer.add_token(token)
+    detokenizer.finalize()
+    return detokenizer.text
 
 
 @pytest.mark.parametrize("target,options", [
@@ -138,9 +150,8 @@ def test_a_row_joining_where_drafting_does_not_pay_skips_its_prompt_rows_and_dra
     decoder.policy = Unreadied()
     results = dict(decoder.run(jobs, 2))
     assert read and all(reader is None for reader in read)
-    plain = engine.with_drafter("off")
     for i, job in enumerate(jobs):
-        assert results[i].tokens == plain.generate(job.prompt, max_tokens=job.max_tokens).tokens, i
+        assert results[i].tokens == plain_greedy(DEMO / "demo", job.prompt, job.max_tokens), i
     assert sum(r.stats.accepted for r in results.values()) > 0
 
 
@@ -163,9 +174,8 @@ def test_a_row_joining_where_drafting_does_not_pay_is_prefilled_in_the_draft_mod
     assert len([lengths for lengths in drafts if lengths[0]]) == len(jobs)  # each row once, when it first drafts
     first = [lengths[0] for lengths in drafts if lengths[0]][:2]
     assert sorted(first) == sorted(len(job.prompt) + 1 for job in jobs[:2])  # after the two plain rounds
-    plain = engine.with_drafter("off")
     for i, job in enumerate(jobs):
-        assert results[i].tokens == plain.generate(job.prompt, max_tokens=job.max_tokens).tokens, i
+        assert results[i].tokens == plain_greedy(tiny[family], job.prompt, job.max_tokens), i
     assert sum(r.stats.accepted for r in results.values()) > 0
 
 
@@ -208,7 +218,7 @@ def test_a_gemma4_assistant_drafts_in_a_batch_what_it_drafts_alone(tiny, monkeyp
         engine.generate(job.prompt, job.params, job.max_tokens, [], job.seed)
     results = dict(engine.generate_many(jobs, 3))
     assert [results[i].tokens for i in range(len(jobs))] == [
-        engine.with_drafter("off").generate(job.prompt, max_tokens=job.max_tokens).tokens for job in jobs]
+        plain_greedy(tiny["gemma4"], job.prompt, job.max_tokens) for job in jobs]
     assert len(alone) > 100 and max(map(len, alone)) > 16 + 10  # contexts well past the window
     assert all(batched[context] == drafts for context, drafts in alone.items())
 
@@ -219,12 +229,12 @@ def test_changing_draft_lengths_in_a_batch_stay_exact(tiny, family):
     draft model's first forward of a round goes on from its own state."""
     engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), drafter="draft-model")
     jobs = jobs_for(engine)
-    plain = engine.with_drafter("off")
+    references = [plain_greedy(tiny[family], job.prompt, job.max_tokens) for job in jobs]
     for seed in range(3):
         decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, 5)
         decoder.policy = RandomDraftLengths(5, seed)
         for i, result in decoder.run(jobs, 4):
-            assert result.tokens == plain.generate(jobs[i].prompt, max_tokens=jobs[i].max_tokens).tokens
+            assert result.tokens == references[i]
 
 
 def alone_logits(model, tokens: list[int]) -> mx.array:
@@ -352,7 +362,9 @@ def test_ngram_chains_continue_down_to_the_last_token_and_past_the_end_of_their_
              ([7, 8, 9, 10, 8], 4, [9, 10, 8, 9]),  # only the last token (8) was seen: its copy, then (8,)'s again
              ([9, 1, 2, 1, 2], 3, [1, 2, 1]),  # (1, 2)'s copy ends at the text's end: then (1, 2, 1, 2)'s suffix
              ([4, 5, 1, 2, 6, 7, 2], 2, [6, 7]),  # (7, 2) unseen: (2,)'s latest continuation
-             ([5, 6, 7, 8], 3, [])]  # 8 never seen before
+             ([5, 6, 7, 8], 3, []),  # 8 never seen before
+             ([1, 2, 9, 1, 2, 7, 3, 1, 2], 1, [7]),  # (1, 2) seen twice: its latest continuation, not its first
+             ([1, 2, 3, 8, 5, 2, 3, 9, 1, 2, 3], 1, [8])]  # the longest suffix, though a shorter one came later
     keys = [mx.random.key(0)] * len(cases)
     for params in ([SamplingParams()] * len(cases), [SamplingParams(temperature=1.0)] * len(cases)):
         rows = NgramDrafter().batched(None)
@@ -408,8 +420,7 @@ def test_prompts_joining_while_no_row_decodes_are_prefilled_together_and_decode_
         model is engine.target.model and groups.append(len(prompts))) or prefilled(cls, model, prompts, **kv)))
     results = dict(engine.generate_many(jobs, 4))
     assert groups == ([] if family == "qwen3_5" else [4])
-    plain = engine.with_drafter("off")
     for i, job in enumerate(jobs):
-        assert results[i].tokens == plain.generate(job.prompt, max_tokens=24).tokens, i
+        assert results[i].tokens == plain_greedy(tiny[family], job.prompt, 24), i
     if drafter == "ngram":  # rows with holes verify drafts
         assert sum(r.stats.drafted for r in results.values()) > 0

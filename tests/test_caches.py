@@ -9,12 +9,16 @@ from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 from mlx_lm.utils import load
 
 from mlx_spec.caches import rollback
+from mlx_spec.compat import write_index
 from mlx_spec.errors import SpecError
 from mlx_spec.target import MAX_DRAFT_LEN, Target
 
 
 @pytest.mark.parametrize("family,kv_bits", [("gemma3", None), ("qwen3", None), ("llama", 8), ("qwen3_5", None)])
 def test_random_forward_and_rollback_match_a_fresh_forward(tiny, family, kv_bits):
+    """Forwards of one block of tokens (as a verify runs) or of single tokens one after another (as a draft model
+    drafts: all of them after the first 20), each followed by a rollback of any number of its positions but the
+    first; on the sliding-window model, rollbacks of several positions across the ring buffer's wrap."""
     model, _ = load(str(tiny[family]))
     target = Target(model, kv_bits=kv_bits, kv_group_size=32)
     # the verify pass computes Gated DeltaNet states in chunked form, mlx-lm step by step: equal to float32
@@ -23,24 +27,35 @@ def test_random_forward_and_rollback_match_a_fresh_forward(tiny, family, kv_bits
     rng = random.Random(0)
     context = [rng.randrange(300) for _ in range(5)]
     target.prefill(context)
-    wrapped = False
-    for _ in range(60):  # mixes single- and multi-token forwards, as draft models and verifies do
-        tokens = [rng.randrange(300) for _ in range(rng.choice([1, 1, 2, 4, 6]))]
-        step = target.forward(tokens)
+    wrapped = across_the_wrap = 0
+    for i in range(60):
+        one_by_one = i >= 20 or rng.random() < 0.5
+        tokens = [rng.randrange(300) for _ in range(rng.choice([4, 6] if i >= 20 else [1, 2, 4, 6]))]
+        if one_by_one:
+            logits = mx.concatenate([target.forward([token]).logits for token in tokens])
+        else:
+            logits = target.forward(tokens).logits
         undo = rng.randrange(len(tokens))
+        # a ring buffer that wrapped within these tokens: roll back past its first slot
+        since_wrap = [write_index(c) for c in target.cache if isinstance(c, RotatingKVCache)
+                      and c.keys.shape[2] == c.max_size and c.offset > c.max_size and write_index(c) < len(tokens) - 1]
+        if since_wrap:
+            undo = rng.randrange(max(since_wrap) + 1, len(tokens))
+            across_the_wrap += 1
         target.rollback(undo)
         context += tokens[: len(tokens) - undo]
         fresh_target = Target(model, kv_bits=kv_bits, kv_group_size=32)
         fresh = fresh_target.forward(context).logits[-(len(tokens) - undo):]
-        np.testing.assert_allclose(np.array(step.logits[: len(tokens) - undo]), np.array(fresh), atol=atol)
+        np.testing.assert_allclose(np.array(logits[: len(tokens) - undo]), np.array(fresh), atol=atol)
         probe = rng.randrange(300)
         after_rollback = target.forward([probe]).logits
         np.testing.assert_allclose(np.array(after_rollback), np.array(fresh_target.forward([probe]).logits),
                                    atol=atol)
         target.rollback(1)
         assert target.offset == len(context)
-        wrapped |= any(isinstance(c, RotatingKVCache) and c.offset > c.max_size for c in target.cache)
-    assert wrapped == (family == "gemma3")  # the sliding window was passed many times over
+        wrapped += any(isinstance(c, RotatingKVCache) and c.offset > c.max_size for c in target.cache)
+    assert bool(wrapped) == (family == "gemma3")  # the sliding window was passed many times over
+    assert across_the_wrap >= (2 if family == "gemma3" else 0)
 
 
 def test_sliding_window_cache_keeps_its_window(tiny):

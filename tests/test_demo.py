@@ -25,9 +25,19 @@ def test_shipped_files_are_complete_and_small():
     assert all(name.startswith("mtp.") for name in mtp) and "mtp.fc.weight" in mtp
     assert "mtp.layers.0.self_attn.q_proj.scales" in mtp  # quantized with the model
     assert sum(f.stat().st_size for f in DEMO.rglob("*") if f.is_file()) < 12 * 2**20
-    report = json.loads((DEMO / "report.json").read_text())
-    assert report["held_out"]["mtp_agrees_with_target"] > 20 / report["vocab"]  # far above chance
     assert (DEMO / "report.md").read_text().startswith("# mlx-spec demo model")
+
+
+def test_the_mtp_layer_agrees_with_the_target_far_above_chance_on_held_out_code():
+    """One MTP draft a round on the held-out prompts the demo ships: the share of drafts equal to the target's
+    own next token, measured here (not read from report.json), is far above chance (1 / vocabulary)."""
+    engine = mlx_spec.load(drafter="mtp", draft_len=1)
+    prompts = [json.loads(line)["prompt"] for line in (DEMO / "prompts.jsonl").read_text().splitlines()[:3]]
+    drafted = accepted = 0
+    for prompt in prompts:
+        stats = mlx_spec.generate(engine, engine.encode(prompt), max_tokens=32).stats
+        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+    assert drafted >= 60 and accepted / drafted > 20 / len(engine.tokenizer.get_vocab())
 
 
 @pytest.mark.parametrize("drafter", ["mtp", "draft-model", "ngram"])
@@ -43,8 +53,31 @@ def test_every_drafter_is_lossless_on_the_demo(drafter):
 def test_demo_writes_python():
     result = mlx_spec.generate(mlx_spec.load(), CODE, max_tokens=64)
     assert result.stats.drafter == "mtp"  # the default drafter of a checkpoint with an MTP layer
-    text = result.text
-    assert any(word in text for word in ("return", "if ", "for ", "os.", "self", "(")), text
+    assert python_headers(CODE + result.text) >= 1, result.text
+
+
+def python_headers(program: str) -> int:
+    """How many lines of `program` are whole Python compound-statement headers (`def f(x):`, `for a in b:`, ...
+    as `ast` parses them); raises if Python's tokenizer finds it malformed before its end (an unclosed string or
+    bracket at the end is only where the text was cut)."""
+    import ast
+    import io
+    import tokenize
+
+    try:
+        for _ in tokenize.generate_tokens(io.StringIO(program).readline):
+            pass
+    except tokenize.TokenError:
+        pass
+    headers = 0
+    for line in program.splitlines():
+        if line.strip().endswith(":"):
+            try:
+                ast.parse(line.strip() + " pass")
+                headers += 1
+            except SyntaxError:
+                pass
+    return headers - sum(line.strip().endswith(":") for line in CODE.splitlines())  # the prompt's own
 
 
 def test_default_commands_run_offline_and_say_so():

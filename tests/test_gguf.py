@@ -270,7 +270,7 @@ def assert_generates(out, ref):
     engine = mlx_spec.load(str(out), drafter="off")
     ids = engine.encode(PROMPT)
     result = mlx_spec.generate(engine, ids, max_tokens=12)
-    assert result.tokens and result.tokens == plain_greedy(ref, ids, 12)[:len(result.tokens)]
+    assert result.tokens == plain_greedy(ref, ids, 12)
 
 
 def imported(tmp_path, src, arch, **kwargs):

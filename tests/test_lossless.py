@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 from helpers import PROMPT, CorruptedOracleDrafter, RandomDraftLengths, edited_copy, plain_greedy
 from mlx_lm.models.cache import QuantizedKVCache
+from test_demo import CODE as DEMO_CODE
 
 import mlx_spec
 from mlx_spec.engine import Engine
+from mlx_spec.loading import DEMO
 from mlx_spec.target import Target
 
 FAMILIES = ["qwen3", "llama", "gemma3", "qwen3_5"]  # qwen3_5: hybrid Gated DeltaNet + attention
@@ -17,35 +19,45 @@ MAX_TOKENS = 160  # ten times the Gemma sliding window (16)
 @pytest.mark.parametrize("drafter", ["off", "ngram", "draft-model"])
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
 def test_greedy_equals_plain_decoding(tiny, family, drafter, penalty):
+    """With drafts both accepted and rejected. For n-gram drafting the prompt holds the target's own continuation
+    of it, then the prompt again: text it may write again, as code and chat often repeat."""
     engine = mlx_spec.load(str(tiny[family]), draft_model=str(tiny[f"{family}-draft"]), drafter=drafter, draft_len=4)
     ids = engine.encode(PROMPT)
+    if drafter == "ngram":
+        ids = ids + plain_greedy(tiny[family], ids, 60, penalty) + ids
     result = mlx_spec.generate(engine, ids, max_tokens=MAX_TOKENS, repetition_penalty=penalty)
     assert result.tokens == plain_greedy(tiny[family], ids, MAX_TOKENS, penalty)
     assert result.stop_reason == "max_tokens"
-    if drafter == "draft-model":
-        assert 0 < result.stats.drafted and result.stats.accepted < result.stats.drafted  # rollback ran
+    if drafter != "off":
+        assert 0 < result.stats.accepted < result.stats.drafted  # drafts passed, and rollback ran
 
 
 @pytest.mark.parametrize("family,draft,options", [
     *[(family, f"{family}-draft", {}) for family in FAMILIES], ("qwen3", "qwen3-draft", {"tree_width": 2}),
     ("qwen3", "qwen3-eagle3", {"tree_width": 3}), ("llama", None, {"drafter": "lookahead"}),
     ("qwen3", None, {"mtp_path": "qwen3-mtp-head"}),
-    ("qwen3_5", None, {"drafter": "mtp"}), ("gemma4", "gemma4-assistant", {})])
+    ("demo", None, {"drafter": "mtp"}),  # the demo: a trained Qwen3.5 MTP layer
+    ("gemma4", "gemma4-assistant-trained", {})])
 def test_changing_draft_lengths_stay_exact(tiny, family, draft, options):
     """The adaptive policy changes the draft length (and a tree drafter's shape) every few rounds and turns
     drafting off and on (its choices follow the clock); seeded runs of every length, 0 included, and of chains
     and trees must all decode exactly as plain decoding."""
     options = {k: str(tiny[v]) if k == "mtp_path" else v for k, v in options.items()}
-    engine = mlx_spec.load(str(tiny[family]), draft_model=draft and str(tiny[draft]), **options)
-    ids = engine.encode(PROMPT)
-    reference = plain_greedy(tiny[family], ids, MAX_TOKENS, 1.3)
-    lengths = set()
+    path = DEMO / "demo" if family == "demo" else tiny[family]
+    engine = mlx_spec.load(str(path), draft_model=draft and str(tiny[draft]), **options)
+    # prompts after which each target's greedy text gives its drafter both hits and misses (the tiny Gemma 4 falls
+    # into blank lines, which the distilled assistant always drafts right, after most others)
+    ids = engine.encode({"demo": DEMO_CODE, "gemma4": PROMPT[:20]}.get(family, PROMPT))
+    reference = plain_greedy(path, ids, MAX_TOKENS, 1.3)
+    lengths, rounds = set(), []
     for seed in range(2):
         engine.next_policy = RandomDraftLengths(engine.max_draft_len, seed, widths=(1, engine.tree_width))
         events = list(mlx_spec.stream(engine, ids, max_tokens=MAX_TOKENS, repetition_penalty=1.3))
         assert events[-1].tokens == reference
+        rounds += [e for e in events if isinstance(e, mlx_spec.Round) and e.draft_len]
         lengths |= {e.draft_len for e in events if isinstance(e, mlx_spec.Round)}
     assert lengths == set(range(engine.max_draft_len + 1))
+    assert any(r.accepted for r in rounds) and any(r.accepted < r.draft_len for r in rounds)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -76,7 +88,7 @@ def test_quantized_kv_cache(tiny, family, drafter):
         engine.drafter = CorruptedOracleDrafter(reference, len(ids), len(engine.tokenizer.get_vocab()))
     result = mlx_spec.generate(engine, ids, max_tokens=100, repetition_penalty=1.3)
     assert result.tokens == reference
-    assert result.stats.accepted < result.stats.drafted
+    assert 0 < result.stats.accepted < result.stats.drafted
 
 
 def test_draft_equal_to_target_accepts_everything_greedy(tiny):

@@ -42,7 +42,7 @@ def test_medusa_drafts_exactly(tiny, width):
         stats = result.stats
         assert stats.nodes == width * stats.drafted
         if params.has_penalties:  # another continuation than the one the heads learnt: rejections
-            assert stats.accepted < stats.drafted
+            assert 0 < stats.accepted < stats.drafted
         else:  # the heads learnt the target's own continuation of this prompt
             assert stats.mean_acceptance_length > 2.5
 

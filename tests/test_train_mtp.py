@@ -125,16 +125,16 @@ def corpus(tmp_path):
 
 def test_train_mtp_on_text_and_resume_after_a_kill(tiny, tmp_path, corpus):
     """With two chained draft steps and each batch reused twice (the kept batches rebuilt after the kill)."""
-    unbroken = subprocess.run(train_command(tiny, corpus, tmp_path / "unbroken", "--steps", "60"),
+    unbroken = subprocess.run(train_command(tiny, corpus, tmp_path / "unbroken", "--steps", "15"),
                               capture_output=True, text=True, timeout=300)
     assert unbroken.returncode == 0, unbroken.stderr
     assert "held-out first-draft acceptance" in unbroken.stderr and "--mtp-path" in unbroken.stderr
     config = json.loads((tmp_path / "unbroken" / "config.json").read_text())
-    assert config["architectures"] == ["MTPHead"] and config["training"]["steps"] == 60
+    assert config["architectures"] == ["MTPHead"] and config["training"]["steps"] == 15
 
     out = tmp_path / "killed"
     checkpoint = tmp_path / ".killed.train-mtp-checkpoint" / "step.json"
-    proc = subprocess.Popen(train_command(tiny, corpus, out, "--steps", "60"), stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(train_command(tiny, corpus, out, "--steps", "15"), stderr=subprocess.PIPE, text=True,
                             preexec_fn=default_ctrl_c)
     for _ in range(3000):
         if checkpoint.exists() or proc.poll() is not None:
@@ -143,7 +143,7 @@ def test_train_mtp_on_text_and_resume_after_a_kill(tiny, tmp_path, corpus):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert checkpoint.exists() and not out.exists()
-    resumed = subprocess.run(train_command(tiny, corpus, out, "--steps", "60"), capture_output=True, text=True,
+    resumed = subprocess.run(train_command(tiny, corpus, out, "--steps", "15"), capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from step" in resumed.stderr and not checkpoint.parent.exists()

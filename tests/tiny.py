@@ -4,20 +4,18 @@ Each checkpoint is what a user downloads, only small: `config.json`, `model.safe
 names), `generation_config.json` and a real byte-level BPE tokenizer trained offline on the interpreter's own
 standard-library sources. They load through exactly the code path a real checkpoint takes.
 
-    python -m mlx_spec.tiny OUT_DIR        # writes OUT_DIR/{qwen3,qwen3-draft,llama,gemma3,...}
+The trained checkpoints built on these (heads, nextn layers, a distilled assistant) and the whole set the tests use
+are in `suite.py`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
 import sysconfig
 from pathlib import Path
 
 import numpy as np
-from tiny_heads import build_eagle3, build_medusa, build_mtp_head
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -314,8 +312,6 @@ def write_checkpoint(out_dir: Path, cfg: dict, weights: dict[str, np.ndarray], t
     return out_dir
 
 
-from tiny_gemma4 import build_gemma4_assistant, build_gemma4_target, distill_gemma4_assistant  # noqa: E402
-
 def build_checkpoint(
     out_dir: str | Path,
     family: str,
@@ -380,52 +376,3 @@ def build_bench_pair(hidden: int, layers: int, draft_layers: int = 2) -> tuple[P
 
 PROMPT = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"  # the tests'
 HEAD_TEXTS = [PROMPT, "def main():", "class Stack(object):"]  # what the test heads are trained on
-
-
-def build_suite(root: str | Path) -> dict[str, Path]:
-    """Every checkpoint the tests use, written once under `root`."""
-    root = Path(root)
-    tok = build_tokenizer(root / "tokenizer")
-    other_tok = build_tokenizer(root / "tokenizer-other", vocab_size=480, special_tokens=["</s>", "<s>", "<unk>"])
-    paths = {
-        "qwen3": build_checkpoint(root / "qwen3", "qwen3", tok, layers=4, seed=0),
-        "llama": build_checkpoint(root / "llama", "llama", tok, layers=3, seed=2),
-        "gemma3": build_checkpoint(root / "gemma3", "gemma3", tok, layers=6, sliding_window=16, seed=3),
-        "other-vocab": build_checkpoint(root / "other-vocab", "qwen3", other_tok, layers=1, seed=4),
-        "qwen3_5": build_checkpoint(root / "qwen3_5", "qwen3_5", tok, layers=8, seed=7),
-        "qwen3_5_moe": build_checkpoint(root / "qwen3_5_moe", "qwen3_5_moe", tok, layers=4, seed=6),
-        "qwen3_next": build_checkpoint(root / "qwen3_next", "qwen3_next", tok, layers=4, seed=7),
-    }
-    paths["gemma4"] = build_gemma4_target(root / "gemma4", tok, sliding_window=16)
-    paths["gemma4-assistant"] = build_gemma4_assistant(root / "gemma4-assistant", paths["gemma4"])
-    paths["gemma4-assistant-dense"] = build_gemma4_assistant(root / "gemma4-assistant-dense", paths["gemma4"],
-                                                             ordered=False)
-    paths["gemma4-assistant-trained"] = distill_gemma4_assistant(
-        root / "gemma4-assistant-trained", paths["gemma4-assistant-dense"], paths["gemma4"])
-    paths["qwen3-draft"] = build_layer_skip_draft(root / "qwen3-draft", paths["qwen3"], keep_layers=2)
-    paths["qwen3-medusa"] = build_medusa(root / "qwen3-medusa", paths["qwen3"], HEAD_TEXTS)
-    paths["qwen3-eagle3"] = build_eagle3(root / "qwen3-eagle3", paths["qwen3"], HEAD_TEXTS, feature_layers=[0, 2, 3])
-    paths["llama-eagle3"] = build_eagle3(root / "llama-eagle3", paths["llama"], HEAD_TEXTS)  # layers 2, 1, 0
-    paths["qwen3-mtp-head"] = build_mtp_head(root / "qwen3-mtp-head", paths["qwen3"], HEAD_TEXTS)
-    paths["llama-draft"] = build_layer_skip_draft(root / "llama-draft", paths["llama"], keep_layers=1)
-    paths["gemma3-draft"] = build_layer_skip_draft(root / "gemma3-draft", paths["gemma3"], keep_layers=3)
-    paths["qwen3_5-draft"] = build_layer_skip_draft(root / "qwen3_5-draft", paths["qwen3_5"], keep_layers=4)
-    # all layers, perturbed: close to the target but not equal, for sampled-distribution tests
-    paths["qwen3-noisy"] = build_layer_skip_draft(root / "qwen3-noisy", paths["qwen3"], keep_layers=4, noise=0.2)
-    from tiny_nextn import NEXTN_FAMILIES, build_nextn_checkpoint, train_nextn
-
-    for family in NEXTN_FAMILIES:  # with nextn MTP layers trained to draft the head texts
-        paths[family] = train_nextn(build_nextn_checkpoint(root / family, family, tok), HEAD_TEXTS)
-    return paths
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir")
-    args = parser.parse_args(argv)
-    for name, path in build_suite(args.out_dir).items():
-        print(f"{name:14s} {os.fspath(path)}")
-
-
-if __name__ == "__main__":
-    main()

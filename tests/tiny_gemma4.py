@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from tiny import write_checkpoint
 from tiny_heads import fit
 
 
@@ -151,8 +152,6 @@ def build_gemma4_target(out_dir: str | Path, tokenizer_dir: str | Path, sliding_
                         seed: int = 11, hidden: int = 64, layers: int = 6, overrides: dict | None = None) -> Path:
     """A tiny random Gemma 4 target (E2B-like: sliding and full layers, per-layer inputs, KV-shared layers);
     `overrides` replaces text-config keys (head sizes, for benchmark-sized models)."""
-    from tiny import write_checkpoint  # tiny imports this module
-
     tokenizer_dir = Path(tokenizer_dir)
     vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
     cfg = gemma4_config(vocab, hidden=hidden, layers=layers, sliding_window=sliding_window)
@@ -163,8 +162,6 @@ def build_gemma4_target(out_dir: str | Path, tokenizer_dir: str | Path, sliding_
 def build_gemma4_assistant(out_dir: str | Path, target_dir: str | Path, ordered: bool = True,
                            seed: int = 12, hidden: int = 32) -> Path:
     """A random assistant for a `build_gemma4_target` target; the token ordering is a random permutation."""
-    from tiny import write_checkpoint  # tiny imports this module
-
     target_dir = Path(target_dir)
     cfg = gemma4_assistant_config(json.loads((target_dir / "config.json").read_text()), hidden, ordered)
     weights = gemma4_weights(gemma4_assistant_shapes(cfg), seed)
@@ -180,8 +177,6 @@ def distill_gemma4_assistant(out_dir: str | Path, assistant_dir: str | Path, tar
     after random token sequences, so that tests and benchmarks see accepted drafts. The batched training
     forward uses the drafting convention: row r reads K/V of positions <= r (the last `sliding_window` of them
     for sliding layers) with its query at position r + 1."""
-    from tiny import write_checkpoint  # tiny imports this module
-
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_flatten

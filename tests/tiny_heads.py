@@ -83,7 +83,7 @@ def build_medusa(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps({"medusa_num_heads": heads, "medusa_num_layers": layers,
-                                                     "base_model_name_or_path": str(target_dir)}, indent=2))
+                                                     "base_model_name_or_path": Path(target_dir).name}, indent=2))
     save_file(weights, str(out_dir / WEIGHTS))
     return out_dir
 

@@ -103,15 +103,19 @@ def build_nextn_checkpoint(out_dir: str | Path, family: str, tokenizer_dir: str 
     return write_checkpoint(Path(out_dir), cfg, random_weights(cfg, seed), tokenizer_dir)
 
 
-def train_nextn(checkpoint: Path, texts: list[str], steps: int = 150, seed: int = 0) -> Path:
+TRAINED = "nextn.safetensors"  # the trained tensors alone, which `with_trained_nextn` writes into a checkpoint
+
+
+def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: int = 150, seed: int = 0) -> Path:
     """Train the nextn layer's own tensors (its norms and eh_proj; the decoder block stays as drawn) on the
-    target's greedy continuations of `texts`, in place: row p pairs embed(t_{p+1}) with the target's post-norm
-    state at p and learns the target's choice after p + 1, so that drafting those texts gets drafts accepted."""
+    target's greedy continuations of `texts`, and write them (HF names) to `out_dir`/TRAINED: row p pairs
+    embed(t_{p+1}) with the target's post-norm state at p and learns the target's choice after p + 1, so that
+    drafting those texts gets drafts accepted."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.models.cache import KVCache
     from mlx_lm.utils import load_model, load_tokenizer
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
     from tiny_heads import fit, greedy_continuations
 
     from mlx_spec.models.nextn import load_nextn, prefix
@@ -135,10 +139,21 @@ def train_nextn(checkpoint: Path, texts: list[str], steps: int = 150, seed: int 
         return total / len(rows)
 
     fit(nextn, loss, steps, 1e-2)
-    weights = load_file(str(checkpoint / "model.safetensors"))
     p = prefix(cfg)
-    for ours, theirs in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
-                         ("shared_norm", "shared_head.norm")):
-        weights[f"{p}{theirs}.weight"] = np.array(getattr(nextn, ours).weight)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({f"{p}{theirs}.weight": np.array(getattr(nextn, ours).weight)
+               for ours, theirs in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
+                                    ("shared_norm", "shared_head.norm"))},
+              str(out_dir / TRAINED), metadata={"format": "pt"})
+    return out_dir
+
+
+def with_trained_nextn(checkpoint: Path, trained_dir: Path) -> Path:
+    """`checkpoint` with the nextn tensors `train_nextn` wrote to `trained_dir` in place of its drawn ones."""
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    weights.update(load_file(str(trained_dir / TRAINED)))
     save_file(weights, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
     return checkpoint

@@ -1,0 +1,163 @@
+"""Every tiny checkpoint the tests use. Random-weight checkpoints are drawn at the start of a run (seconds);
+trained ones (draft heads, nextn layers, a distilled assistant) and the tokenizers they were trained with are
+shipped in tests/fixtures/, because training them takes minutes. `fixtures/manifest.json` records each shipped
+file's hash and the hash of every checkpoint it was trained on, so a fixture never meets other base weights.
+
+    python tests/suite.py               # retrain the fixtures into tests/fixtures/ and rewrite the manifest
+    python -m pytest -m fixtures        # retrain them in a temporary folder and check they come out the same
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+from typing import Callable
+
+os.environ.setdefault("MLX_SPEC_BLAS", "bundled")  # as the tests run (conftest.py): trained on MLX's own BLAS
+import mlx_spec  # noqa: E402, F401  before anything imports mlx
+from tiny import HEAD_TEXTS, build_checkpoint, build_layer_skip_draft, build_tokenizer
+from tiny_gemma4 import build_gemma4_assistant, build_gemma4_target, distill_gemma4_assistant
+from tiny_heads import build_eagle3, build_medusa, build_mtp_head
+from tiny_nextn import NEXTN_FAMILIES, build_nextn_checkpoint, train_nextn, with_trained_nextn
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+MANIFEST = FIXTURES / "manifest.json"
+REBUILD = "python tests/suite.py"
+
+
+class Fixture:
+    """A shipped folder: `train(out_dir, paths)` writes it from the checkpoints named in `bases`."""
+
+    def __init__(self, name: str, bases: tuple[str, ...], train: Callable[[Path, dict], object]):
+        self.name, self.bases, self.train = name, bases, train
+
+
+TOKENIZERS = [
+    Fixture("tokenizer", (), lambda out, paths: build_tokenizer(out)),
+    Fixture("tokenizer-other", (), lambda out, paths: build_tokenizer(out, vocab_size=480,
+                                                                      special_tokens=["</s>", "<s>", "<unk>"])),
+]
+TRAINED = [
+    Fixture("gemma4-assistant-trained", ("gemma4-assistant-dense", "gemma4"),
+            lambda out, paths: distill_gemma4_assistant(out, paths["gemma4-assistant-dense"], paths["gemma4"])),
+    Fixture("qwen3-medusa", ("qwen3",), lambda out, paths: build_medusa(out, paths["qwen3"], HEAD_TEXTS)),
+    Fixture("qwen3-eagle3", ("qwen3",),
+            lambda out, paths: build_eagle3(out, paths["qwen3"], HEAD_TEXTS, feature_layers=[0, 2, 3])),
+    Fixture("llama-eagle3", ("llama",), lambda out, paths: build_eagle3(out, paths["llama"], HEAD_TEXTS)),
+    Fixture("qwen3-mtp-head", ("qwen3",), lambda out, paths: build_mtp_head(out, paths["qwen3"], HEAD_TEXTS)),
+    *[Fixture(f"{family}-nextn", (family,), lambda out, paths, family=family: train_nextn(out, paths[family],
+                                                                                           HEAD_TEXTS))
+      for family in NEXTN_FAMILIES],
+]
+
+
+def digest(folder: Path) -> str:
+    """sha256 over a folder's files (names and bytes)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(path.relative_to(folder).as_posix().encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def build_bases(root: Path, tokenizers: dict[str, Path], progress: Callable[[str], None]) -> dict[str, Path]:
+    """The random-weight checkpoints, drawn from fixed seeds."""
+    tok, other = tokenizers["tokenizer"], tokenizers["tokenizer-other"]
+    builders = {
+        "qwen3": lambda out: build_checkpoint(out, "qwen3", tok, layers=4, seed=0),
+        "llama": lambda out: build_checkpoint(out, "llama", tok, layers=3, seed=2),
+        "gemma3": lambda out: build_checkpoint(out, "gemma3", tok, layers=6, sliding_window=16, seed=3),
+        "other-vocab": lambda out: build_checkpoint(out, "qwen3", other, layers=1, seed=4),
+        "qwen3_5": lambda out: build_checkpoint(out, "qwen3_5", tok, layers=8, seed=7),
+        "qwen3_5_moe": lambda out: build_checkpoint(out, "qwen3_5_moe", tok, layers=4, seed=6),
+        "qwen3_next": lambda out: build_checkpoint(out, "qwen3_next", tok, layers=4, seed=7),
+        "gemma4": lambda out: build_gemma4_target(out, tok, sliding_window=16),
+        "gemma4-assistant": lambda out: build_gemma4_assistant(out, paths["gemma4"]),
+        "gemma4-assistant-dense": lambda out: build_gemma4_assistant(out, paths["gemma4"], ordered=False),
+        "qwen3-draft": lambda out: build_layer_skip_draft(out, paths["qwen3"], keep_layers=2),
+        "llama-draft": lambda out: build_layer_skip_draft(out, paths["llama"], keep_layers=1),
+        "gemma3-draft": lambda out: build_layer_skip_draft(out, paths["gemma3"], keep_layers=3),
+        "qwen3_5-draft": lambda out: build_layer_skip_draft(out, paths["qwen3_5"], keep_layers=4),
+        # all layers, perturbed: close to the target but not equal, for sampled-distribution tests
+        "qwen3-noisy": lambda out: build_layer_skip_draft(out, paths["qwen3"], keep_layers=4, noise=0.2),
+        **{family: lambda out, family=family: build_nextn_checkpoint(out, family, tok) for family in NEXTN_FAMILIES},
+    }
+    progress(f"drawing {len(builders)} random-weight checkpoints")
+    paths = {}
+    for name, build in builders.items():
+        paths[name] = Path(build(root / name))
+    return paths
+
+
+def build_suite(root: str | Path, progress: Callable[[str], None] = lambda line: None) -> dict[str, Path]:
+    """Every checkpoint the tests use, under `root`: the shipped tokenizers and trained fixtures (checked against
+    the manifest), and the random-weight checkpoints drawn from them. The nextn families' checkpoints carry their
+    trained nextn layers."""
+    root = Path(root)
+    manifest = json.loads(MANIFEST.read_text())["fixtures"]
+    shipped = {}
+    for fixture in TOKENIZERS + TRAINED:
+        source = FIXTURES / fixture.name
+        if not source.is_dir() or digest(source) != manifest[fixture.name]["digest"]:
+            raise RuntimeError(f"tests/fixtures/{fixture.name} is missing or differs from its manifest entry: "
+                               f"rebuild the fixtures with `{REBUILD}`")
+        shipped[fixture.name] = shutil.copytree(source, root / fixture.name)
+    paths = {name: shipped[name] for name in ("tokenizer", "tokenizer-other")}
+    paths.update(build_bases(root, paths, progress))
+    for fixture in TRAINED:
+        for base in fixture.bases:
+            if digest(paths[base]) != manifest[fixture.name]["bases"][base]:
+                raise RuntimeError(f"the {base} checkpoint drawn here differs from the one tests/fixtures/"
+                                   f"{fixture.name} was trained on (a change to tests/tiny*.py or numpy's random "
+                                   f"streams): rebuild the fixtures with `{REBUILD}`")
+        paths[fixture.name] = shipped[fixture.name]
+    for family in NEXTN_FAMILIES:
+        with_trained_nextn(paths[family], shipped[f"{family}-nextn"])
+    progress(f"{len(TRAINED)} trained fixtures from tests/fixtures, checked against its manifest")
+    return paths
+
+
+def train_fixtures(out: Path, progress: Callable[[str], None] = print) -> dict:
+    """Train every fixture into `out` (one folder each); returns their manifest entries."""
+    entries = {}
+    for fixture in TOKENIZERS:
+        fixture.train(out / fixture.name, {})
+        entries[fixture.name] = {"bases": {}, "digest": digest(out / fixture.name)}
+    scratch = out / ".bases"
+    paths = build_bases(scratch, {name: out / name for name in ("tokenizer", "tokenizer-other")}, progress)
+    for fixture in TRAINED:
+        start = time.perf_counter()
+        fixture.train(out / fixture.name, paths)
+        entries[fixture.name] = {"bases": {base: digest(paths[base]) for base in fixture.bases},
+                                 "digest": digest(out / fixture.name)}
+        progress(f"trained {fixture.name} in {time.perf_counter() - start:.0f} s")
+    shutil.rmtree(scratch)
+    return entries
+
+
+def main() -> None:
+    staging = FIXTURES.with_name("fixtures.new")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    entries = train_fixtures(staging)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=FIXTURES.parent).stdout.strip()
+    built = {"command": REBUILD, "commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+             "python": platform.python_version(), "machine": platform.machine(),
+             **{package: version(package) for package in ("mlx", "mlx-lm", "numpy", "tokenizers")}}
+    (staging / "manifest.json").write_text(json.dumps({"built": built, "fixtures": entries}, indent=2) + "\n")
+    shutil.rmtree(FIXTURES, ignore_errors=True)
+    staging.rename(FIXTURES)
+    total = sum(p.stat().st_size for p in FIXTURES.rglob("*") if p.is_file())
+    print(f"wrote {FIXTURES} ({total / 1e6:.1f} MB)")
+
+
+if __name__ == "__main__":
+    main()
