@@ -110,7 +110,7 @@ def test_first_drafts_are_accepted_as_often_as_their_distributions_imply(tiny, f
     engine = mlx_spec.load(str(tiny[family]), drafter=drafter, draft_len=2, tree_width=1, **given)
     engine.drafter = recorded = Recorded(engine.drafter)
     ids = engine.encode(PROMPT)
-    jobs = [Job(ids[:24 + 4 * (seed % 4)], SAMPLED, max_tokens=40, seed=seed) for seed in range(8)]
+    jobs = [Job(ids[:8 + 4 * (seed % 4)], SAMPLED, max_tokens=40, seed=seed) for seed in range(8)]
     if batch == 1:
         for job in jobs:
             mlx_spec.generate(engine, job.prompt, max_tokens=job.max_tokens, temperature=1.0, seed=job.seed)
