@@ -3,10 +3,10 @@
     python scripts/bench_trees.py [--budgets 2,4,6 --widths 2,3 --tokens 48 --reps 2]
     python scripts/bench_trees.py --real [--tokens 32]
 
-Default: the tiny qwen3 test target with its trained EAGLE-3 and Medusa heads and its layer-skip draft model
-(tests/tiny.py), generating the texts the heads were trained on. Toy weights: the accepted lengths mean
-something, the speeds do not. --real: the Qwen2.5-Coder 1.5B target with its 0.5B sibling as draft (float32,
-scripts/real_models.py), on two coding prompts.
+Default: the tiny qwen3 test target with EAGLE-3 and Medusa heads trained here and its layer-skip draft model
+(tests/tiny.py, tests/tiny_heads.py), generating the texts the heads were trained on. Toy weights: the accepted
+lengths mean something, the speeds do not. --real: the Qwen2.5-Coder 1.5B target with its 0.5B sibling as draft
+(float32, scripts/real_models.py), on two coding prompts.
 
 For each drafter and node budget n (drafted tokens verified per round): the chain of n drafts and the trees of
 width w and depth n / w, pinned, interleaved with plain decoding in one process. Prints tokens per round (mean
