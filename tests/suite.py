@@ -19,7 +19,7 @@ import time
 from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 os.environ.setdefault("MLX_SPEC_BLAS", "bundled")  # as the tests run (conftest.py): trained on MLX's own BLAS
 import mlx_spec  # noqa: E402, F401  before anything imports mlx
@@ -33,11 +33,12 @@ MANIFEST = FIXTURES / "manifest.json"
 REBUILD = "python tests/suite.py"
 
 
-class Fixture:
+class Fixture(NamedTuple):
     """A shipped folder: `train(out_dir, paths)` writes it from the checkpoints named in `bases`."""
 
-    def __init__(self, name: str, bases: tuple[str, ...], train: Callable[[Path, dict], object]):
-        self.name, self.bases, self.train = name, bases, train
+    name: str
+    bases: tuple[str, ...]
+    train: Callable[[Path, dict], object]
 
 
 TOKENIZERS = [
