@@ -22,7 +22,8 @@ from mlx.utils import tree_flatten
 
 from .errors import SpecError
 from .loading import read_config, resolve
-from .models.eagle3 import is_eagle3, load_eagle3, read_weights
+from .models import read_safetensors
+from .models.eagle3 import is_eagle3, load_eagle3
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.gemma4_assistant import quantize as quantize_assistant
 from .models.nextn import STORED, build_nextn, check_supported, is_nextn, prefix, read_nextn_tensors
@@ -177,7 +178,7 @@ def convert_eagle3(source: Path, out: Path, quantize: bool, q_bits: int, q_group
     if quantize:
         nn.quantize(head, group_size=q_group_size, bits=q_bits)
         config["quantization"] = {"group_size": q_group_size, "bits": q_bits}
-    maps = {k: v for k, v in read_weights(source).items() if k in ("d2t", "t2d")}
+    maps = {k: v for k, v in read_safetensors(source, "an EAGLE-3 head").items() if k in ("d2t", "t2d")}
     out.mkdir(parents=True)
     mx.save_safetensors(str(out / "model.safetensors"), {**dict(tree_flatten(head.parameters())), **maps},
                         metadata={"format": "mlx"})

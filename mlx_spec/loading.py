@@ -11,6 +11,7 @@ import psutil
 
 from . import compat
 from .drafters import ASSISTANT_MAX_DRAFT_LEN, DRAFTERS, default_drafter
+from .drafters.dflash import BlockDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle3 import Eagle3Drafter
 from .drafters.gemma4_assistant import AssistantDrafter, shared_kv_sources
@@ -22,13 +23,14 @@ from .distributed import Lockstep, join
 from .engine import Engine
 from .errors import SpecError
 from .models import materialize
+from .models.dflash import block_kind, load_block_drafter, read_config as block_config
 from .models.eagle3 import feature_layers, is_eagle3, load_eagle3, trained_for
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.medusa import is_medusa, load_medusa
 from .models.mtp_head import ARCHITECTURE as MTP_HEAD, is_mtp_head, load_head
 from .models.nextn import check_supported, declared_nextn_layers, is_nextn, load_nextn
 from .models.qwen3_5 import checkpoint_files, declared_mtp_layers, lm_head, load_mtp, text_model
-from .target import Target
+from .target import MAX_DRAFT_LEN, Target
 
 REGISTRY = Path(__file__).with_name("models.toml")
 HUB_PATTERNS = ["*.json", "model*.safetensors", "mtp.safetensors", "medusa_lm_head.safetensors", "tokenizer.model",
@@ -225,15 +227,18 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
     draft_config = read_config(draft_path) if draft_path else {}
     assistant, medusa, eagle3 = is_assistant(draft_config), is_medusa(draft_config), is_eagle3(draft_config)
+    block = block_kind(draft_config) and block_config(draft_config, draft_path)
     if is_mtp_head(draft_config):
         raise SpecError(f"{draft_model} is an MTP head: draft with it by --mtp-path {draft_model}")
-    if tree_width > 1 and assistant:
-        raise SpecError("--tree-width needs a draft model: a Gemma 4 assistant proposes chains only")
+    if tree_width > 1 and (assistant or block):
+        raise SpecError(f"--tree-width needs a draft model: a {'block drafter' if block else 'Gemma 4 assistant'} "
+                        "proposes chains only")
     max_draft_len = target.entry.get("draft_len") or (
         ASSISTANT_MAX_DRAFT_LEN if assistant else draft_config["medusa_num_heads"] if medusa
-        else DRAFTERS[drafter].max_draft_len)
+        else min(block["drafts"], MAX_DRAFT_LEN) if block else DRAFTERS[drafter].max_draft_len)
     wants_hidden = (mtp_hidden if drafter == "mtp" else "post" if assistant or medusa
-                    else eagle3_features(draft_path, draft_config, target) if eagle3 else None)
+                    else eagle3_features(draft_path, draft_config, target) if eagle3
+                    else block_features(draft_path, block, target) if block else None)
     if kv_bits and (problem := kv_quantization_problem(target.config, kv_group_size)):
         raise SpecError(f"--kv-bits cannot be used with {target.path}: {problem}")
     runner = Target(target.model, kv_bits, kv_group_size, hidden=wants_hidden)
@@ -270,6 +275,9 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     elif eagle3:
         check_memory(draft_path, None, what="EAGLE-3 head")
         chosen = Eagle3Drafter(load_eagle3(draft_path, draft_config), target.model)  # paired: eagle3_features
+    elif block:
+        check_memory(draft_path, None, what="block drafter")
+        chosen = BlockDrafter(load_block_drafter(draft_path, draft_config), target.model)  # paired: block_features
     elif drafter == "draft-model":
         check_memory(draft_path, None, what="draft model")
         draft, draft_tok, draft_cfg = load_checkpoint(draft_path, "draft model")
@@ -347,6 +355,24 @@ def eagle3_features(path: Path, config: dict, target: LoadedTarget) -> list[int]
                         f"vocabulary {vocab_size(target.config)}, {layers} layers): use the head published for "
                         "this target (see models.toml)")
     return features
+
+
+def block_features(path: Path, block: dict, target: LoadedTarget) -> list[int]:
+    """The target's hidden states a block drafter reads (the outputs of its target layers, as `hidden_reader`
+    indices), after checking that it was trained for this target."""
+    text = target.config.get("text_config", target.config)
+    layers, hidden, vocab = text["num_hidden_layers"], text["hidden_size"], vocab_size(target.config)
+    ids = block["target_layer_ids"]
+    trained = (block["hidden_size"], block["target_layers"], block["vocab_size"])
+    if trained != (hidden, layers, vocab) or max(ids) >= layers:
+        raise SpecError(f"the {block['kind']} drafter {path} (hidden size {block['hidden_size']}, "
+                        f"{block['target_layers']} target layers, vocabulary {block['vocab_size']}) was not trained "
+                        f"for {target.path} (hidden size {hidden}, {layers} layers, vocabulary {vocab}): use the "
+                        "drafter published for this target (see models.toml)")
+    if not 0 <= block["mask"] < vocab:
+        raise SpecError(f"the {block['kind']} drafter {path}: its mask token {block['mask']} is outside the "
+                        f"vocabulary of {vocab}: re-download the drafter")
+    return [i + 1 for i in ids]
 
 
 def load_assistant_drafter(path: Path, target: LoadedTarget, runner: Target, kv_bits: int | None):

@@ -57,15 +57,22 @@ def tap(module, call) -> None:
 
 def hidden_reader(model, hidden: str | list[int]):
     """A function returning, after a forward, the hidden states a drafter reads (B, n, H'): "post" / "pre" the
-    final norm's output / input, or a list of layer indices: the inputs of those layers, concatenated."""
+    final norm's output / input, or a list of indices i into the states between layers (Hugging Face's
+    `hidden_states`): the input of layer i, the last layer's output for i = the layer count; concatenated."""
     if isinstance(hidden, str):
         norm = compat.final_norm(model)
         tap(norm, _tapped_norm_call)
         return lambda: norm.tapped[1 if hidden == "post" else 0]
-    layers = [compat.decoder_layers(model)[i] for i in hidden]
-    for layer in layers:
-        tap(layer, _tapped_layer_call)
-    return lambda: mx.concatenate([layer.tapped for layer in layers], axis=-1)
+    layers, reads = compat.decoder_layers(model), []
+    for i in hidden:
+        if i == len(layers):
+            norm = compat.final_norm(model)
+            tap(norm, _tapped_norm_call)
+            reads.append(lambda norm=norm: norm.tapped[0])
+        else:
+            tap(layers[i], _tapped_layer_call)
+            reads.append(lambda layer=layers[i]: layer.tapped)
+    return lambda: mx.concatenate([read() for read in reads], axis=-1)
 
 
 def hidden_from(start: int, end: int, tail: int | None) -> int:

@@ -1,5 +1,5 @@
 """Prove the suite catches what it claims to: apply small deliberate bugs to the core (verification, sampling,
-rollback, drafts, the drafting helpers, n-gram lookup, ragged batches), one at a time, each in a fresh copy of
+rollback, drafts, the drafting helpers, n-gram lookup, ragged batches, block drafters), one at a time, each in a fresh copy of
 the working tree, and run the tests that should catch it. Every mutant must make them fail.
 
     python scripts/mutants.py              # all of them (about 2 minutes on 2 cores)
@@ -34,6 +34,7 @@ class Mutant:
 
 SAMPLED = "tests/test_sampling.py::test_sampled_sequences_follow_the_target"
 ACCEPTANCE = "tests/test_acceptance.py"
+BLOCK = "tests/test_block.py::test_draft_distributions_equal_the_reference_round_after_round"
 MUTANTS = [
     Mutant("a draft is accepted with probability p, whatever q", "mlx_spec/verify.py",
            "passed = uniform * q_draft < p_draft", "passed = uniform < p_draft", (SAMPLED,)),
@@ -80,6 +81,13 @@ MUTANTS = [
     Mutant("a batch's sliding window holds one position too many", "mlx_spec/ragged.py",
            "queries[:, :, None] - held[:, None, :] < window", "queries[:, :, None] - held[:, None, :] <= window",
            ("tests/test_batched.py::test_one_rows_rollback_leaves_the_others_untouched",)),
+    Mutant("a block drafter's context keys are rotated one position late", "mlx_spec/models/dflash.py",
+           "self.kv_heads)), offset=start)", "self.kv_heads)), offset=start + 1)", (BLOCK,)),
+    Mutant("DSpark's Markov bias follows the anchor at every position", "mlx_spec/drafters/dflash.py",
+           "lambda token: position_logits(token, next(row))", "lambda token: position_logits(anchor, next(row))",
+           (BLOCK,)),
+    Mutant("a block drafter's context misses each round's first verified position", "mlx_spec/drafters/dflash.py",
+           "self.pending.append(step.hidden)", "self.pending.append(step.hidden[1:])", (BLOCK,)),
 ]
 
 

@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 os.environ.setdefault("MLX_SPEC_BLAS", "bundled")  # as the tests run (conftest.py): trained on MLX's own BLAS
 import mlx_spec  # noqa: E402, F401  before anything imports mlx
 from tiny import HEAD_TEXTS, build_checkpoint, build_layer_skip_draft, build_tokenizer
+from tiny_block import train_block_drafter
 from tiny_gemma4 import build_gemma4_assistant, build_gemma4_target, distill_gemma4_assistant
 from tiny_heads import build_eagle3, build_medusa, build_mtp_head
 from tiny_nextn import NEXTN_FAMILIES, build_nextn_checkpoint, train_nextn, with_trained_nextn
@@ -54,6 +55,10 @@ TRAINED = [
             lambda out, paths: build_eagle3(out, paths["qwen3"], HEAD_TEXTS, feature_layers=[0, 2, 3])),
     Fixture("llama-eagle3", ("llama",), lambda out, paths: build_eagle3(out, paths["llama"], HEAD_TEXTS)),
     Fixture("qwen3-mtp-head", ("qwen3",), lambda out, paths: build_mtp_head(out, paths["qwen3"], HEAD_TEXTS)),
+    Fixture("qwen3-dflash", ("qwen3",), lambda out, paths: train_block_drafter(
+        out, paths["qwen3"], HEAD_TEXTS, layer_types=["sliding_attention", "full_attention"], sliding_window=9)),
+    Fixture("qwen3_5-dspark", ("qwen3_5",), lambda out, paths: train_block_drafter(
+        out, paths["qwen3_5"], HEAD_TEXTS, kind="dspark")),
     *[Fixture(f"{family}-nextn", (family,), lambda out, paths, family=family: train_nextn(out, paths[family],
                                                                                            HEAD_TEXTS))
       for family in NEXTN_FAMILIES],

@@ -81,7 +81,9 @@ def first_candidates(draft) -> list[int]:
                                                   ("qwen3", "lookahead", None), ("deepseek_v3", "mtp", None),
                                                   ("qwen3", "mtp", "qwen3-mtp-head"),
                                                   ("qwen3_5", "mtp", None), ("qwen3", "draft-model", "qwen3-eagle3"),
-                                                  ("gemma4", "draft-model", "gemma4-assistant-trained")])
+                                                  ("gemma4", "draft-model", "gemma4-assistant-trained"),
+                                                  ("qwen3", "draft-model", "qwen3-dflash"),
+                                                  ("qwen3_5", "draft-model", "qwen3_5-dspark")])
 def test_sampled_sequences_follow_the_target(tiny, family, drafter, draft):
     """Three sampled tokens (T=1, top-k 2): the 8 possible sequences appear as often as the target alone
     would produce them, computed exactly from full-prefix forwards."""
@@ -89,10 +91,11 @@ def test_sampled_sequences_follow_the_target(tiny, family, drafter, draft):
     given = {"mtp_path" if drafter == "mtp" else "draft_model": draft and str(tiny[draft])}  # a head: mtp_path
     engine = mlx_spec.load(str(tiny[family]), drafter=drafter, draft_len=2, **given)
     prompt = engine.encode(PROMPT)
-    if engine.drafter.name in ("mtp", "assistant", "eagle3"):  # drafters fed by the target's hidden states
+    if engine.drafter.name in ("mtp", "assistant", "eagle3", "dflash", "dspark"):  # fed by the target's states
         # each sample prefills its prompt again (the cache is not cut back under drafters that read hidden
-        # states): short, but past the Gemma 4 window (16)
-        prompt = prompt[:24 if family == "gemma4" else 8]
+        # states): short, but past the Gemma 4 window (16) and the 24 positions of context before every block
+        # the test block drafters were trained on
+        prompt = prompt[:{"assistant": 24, "dflash": 32, "dspark": 32}.get(engine.drafter.name, 8)]
     else:
         prompt = prompt_where_drafts_pass(engine, prompt)
     exact = exact_sequences(tiny[family], prompt, horizon, top_k)

@@ -1,5 +1,7 @@
 """Thin extensions of mlx-lm's model classes, one module per architecture family."""
 
+from pathlib import Path
+
 import mlx.core as mx
 
 from ..errors import SpecError
@@ -27,3 +29,18 @@ def load_exactly(module, weights: dict, misfit: str) -> None:
     except ValueError as e:
         raise SpecError(misfit.format(e)) from None
     materialize(module)
+
+
+def read_safetensors(path: Path, what: str) -> dict:
+    """Every tensor of the *.safetensors files in `path`, a checkpoint that declares itself `what` (for errors)."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        pickle = next((p.name for p in path.glob("*.bin")), None) or next((p.name for p in path.glob("*.pt")), None)
+        if pickle:
+            raise SpecError(f"{path} holds {pickle}, a PyTorch pickle mlx-spec does not read: save its state dict "
+                            "as model.safetensors (safetensors.torch.save_file) and retry")
+        raise SpecError(f"{path} declares {what} but holds no *.safetensors weights: re-download it")
+    weights = {}
+    for file in files:
+        weights.update(mx.load(str(file)))
+    return weights

@@ -27,7 +27,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from .. import compat
 from ..errors import SpecError
-from . import load_exactly, to_target_vocabulary
+from . import load_exactly, read_safetensors, to_target_vocabulary
 
 
 def is_eagle3(config: dict) -> bool:
@@ -116,27 +116,12 @@ class Eagle3(nn.Module):
         return to_target_vocabulary(scores, self._to_target)
 
 
-def read_weights(path: Path) -> dict:
-    """A head's tensors as stored (d2t and t2d included)."""
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        pickle = next((p.name for p in path.glob("*.bin")), None) or next((p.name for p in path.glob("*.pt")), None)
-        if pickle:
-            raise SpecError(f"{path} holds {pickle}, a PyTorch pickle mlx-spec does not read: save its state dict "
-                            "as model.safetensors (safetensors.torch.save_file) and retry")
-        raise SpecError(f"{path} declares an EAGLE-3 head but holds no *.safetensors weights: re-download it")
-    weights = {}
-    for file in files:
-        weights.update(mx.load(str(file)))
-    return weights
-
-
 def load_eagle3(path: Path, config: dict) -> Eagle3:
     """The head in `path` (`config`: its config.json, either form)."""
     config = flat_config(config)
     if config.get("norm_before_fc"):
         raise SpecError(f"{path}: heads with norm_before_fc are not supported yet: use a head without it")
-    weights = read_weights(path)
+    weights = read_safetensors(path, "an EAGLE-3 head")
     d2t = weights.pop("d2t", None)
     weights.pop("t2d", None)
     weights = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in weights.items()}

@@ -1,0 +1,78 @@
+"""Drafting with a block drafter (models/dflash.py: DFlash, DSpark): k drafts from one drafter forward.
+
+The drafter's context is the target's features at every position it has verified: the prompt's (the target
+returns them all) and, after each round, those of the round's last token and accepted drafts. They wait until the
+next draft, which appends them to the drafter's cache and runs the block `[last token, MASK ...]` after them in
+the same forward. Each position's q is the drafter's own distribution there (DSpark's with its Markov bias from
+the token drafted before), sampled left to right, so verification is exact at every temperature.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .. import compat
+from ..models.dflash import BlockDrafterModel
+from ..sampling import SamplingParams
+from ..target import PREFILL_CHUNK, Step
+from . import Draft, draft_autoregressively
+
+
+class BlockDrafter:
+    hidden_tail = None  # the context is every position's features
+
+    def __init__(self, model: BlockDrafterModel, target_model):
+        """The target must be run with `Target(..., hidden=model_features(...))`."""
+        self.model = self.weights = model
+        self.name = model.config["kind"]
+        self.embed = model.embed_tokens if "embed_tokens" in model else compat.input_embedding(target_model)
+        self.head = model.lm_head if "lm_head" in model else compat.output_head(target_model)
+        self.caches, self.pending, self.start = model.make_cache(), [], 0  # start: the next feature's position
+
+    def covered(self) -> int:
+        """The positions whose features the drafter holds or has waiting."""
+        return self.start + sum(h.shape[0] for h in self.pending)
+
+    def begin(self, context: list[int], prompt_step: Step) -> None:
+        """The prompt's features join the context now, in pieces; when the target reused a cached prefix whose
+        features the drafter already holds, they stay."""
+        hidden = prompt_step.hidden
+        rows = 0 if hidden is None else hidden.shape[0]
+        if not (prompt_step.start and self.covered() == prompt_step.start):
+            self.caches, self.pending, self.start = self.model.make_cache(), [], len(context) - 1 - rows
+        self.pending += [hidden] if rows else []
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Append the waiting features to the drafter's cache, PREFILL_CHUNK positions a forward."""
+        features = mx.concatenate(self.pending) if self.pending else None
+        self.pending = []
+        for piece in range(0, 0 if features is None else features.shape[0], PREFILL_CHUNK):
+            chunk = features[piece:piece + PREFILL_CHUNK]
+            self.model.extend(chunk[None], self.caches, self.start)
+            self.start += chunk.shape[0]
+            if features.shape[0] > PREFILL_CHUNK:
+                mx.eval([c.state for c in self.caches])
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
+        self._catch_up()
+        if k == 0 or not self.caches[0].offset:
+            return Draft.empty()
+        c = self.model.config
+        anchor = mx.array(context[-1:], dtype=mx.int32)
+        block = mx.concatenate([anchor, mx.full((k - c["from_anchor"],), c["mask"], dtype=mx.int32)])
+        hidden = self.model(self.embed(block)[None], self.caches, self.start)[0, 0 if c["from_anchor"] else 1:]
+        logits = self.head(hidden)
+        if c["softcap"]:
+            logits = mx.tanh(logits / c["softcap"]) * c["softcap"]
+        markov = self.model.markov_head if "markov_head" in self.model else None
+        row = iter(range(1, k))
+
+        def position_logits(previous: mx.array, i: int) -> mx.array:
+            return logits[i:i + 1] + (markov(previous) if markov is not None else 0)
+
+        return draft_autoregressively(position_logits(anchor, 0), lambda token: position_logits(token, next(row)),
+                                      k, params, context, key)
+
+    def accept(self, context: list[int], accepted: int, step: Step) -> None:
+        self.pending.append(step.hidden)  # the round's last token and accepted drafts

@@ -1,0 +1,220 @@
+"""Block drafters: DFlash (z-lab, arXiv 2602.06036) and DSpark (DeepSpec, arXiv 2607.05147), in the Hugging Face
+layouts their publishers write (z-lab's `DFlashDraftModel`, DeepSpec's DSpark: a DFlash backbone plus a Markov head).
+
+One forward drafts a whole block from the target's hidden states:
+
+    c_p = hidden_norm(fc(concat of the OUTPUTS of target layers `target_layer_ids` at position p))   context
+    block = [anchor (the last verified token), MASK x (n - 1)] at positions a .. a + n - 1           (embedded
+            with the target's embedding), through `num_hidden_layers` Qwen3-style layers (q/k/v/o, per-head
+            q_norm / k_norm, SwiGLU MLP, pre-norms) whose attention reads, for every block query, the K/V of all
+            context features (cached across rounds, rotated at their own positions; a sliding layer sees the last
+            `sliding_window` - 1 of them) and of the whole block (no causal mask inside it unless
+            `dflash_config.causal`); then `norm` and the target's own head (or the drafter's `lm_head`).
+
+DFlash drafts from the block's positions 1 .. n - 1. DSpark drafts from positions 0 .. n - 1 when
+`sample_from_anchor` (its default) and adds a low-rank Markov bias to each position's logits,
+`markov_w2(markov_w1(the token drafted just before))` (the anchor before the first), so its drafts are sampled
+left to right; its confidence head (a per-position acceptance estimate) is read but not used yet. After each
+round only the verified positions' target features become context: the cache never keeps block K/V.
+
+config.json: the Qwen3 fields (`rope_parameters` or `rope_theta` / `rope_scaling`, nulls allowed), `block_size`,
+`num_target_layers`, `dflash_config.{target_layer_ids, mask_token_id}` (DSpark: also `markov_rank`,
+`projector_type` "dspark", `sample_from_anchor`, `block_size` counting the drafts only unless
+`dspark_bonus_anchor`), optional `layer_types` / `sliding_window`. Weights: `fc.weight`, `hidden_norm.weight`,
+`layers.N.*`, `norm.weight`, DSpark's `markov_head.markov_w{1,2}.weight` (and `confidence_head.proj.*`), an own
+`embed_tokens` / `lm_head` when present; a `model.` prefix is dropped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import compat
+from ..errors import SpecError
+from . import load_exactly, read_safetensors
+
+MARKERS = {  # variants recognised by their config, not read yet, and what marks them
+    "DFlash2 (a candidate selector and grouped convolutions)": ("selector_top_k", "conv_kernel_size"),
+    "DFly (per-layer fusion weights)": ("layer_fusion_weights", "hidden_correction"),
+}
+
+
+def block_kind(config: dict) -> str | None:
+    """"dflash" or "dspark" when config.json describes a block drafter (None: it does not)."""
+    options = config.get("dflash_config") or {}
+    names = " ".join([str(config.get("model_type", "")), *(config.get("architectures") or []),
+                      str(config.get("speculators_model_type", ""))]).lower()
+    if "dspark" in names or options.get("projector_type") == "dspark" or "markov_rank" in options:
+        return "dspark"
+    if "dflash" in names or "pard" in names or "dflash_config" in config:
+        return "dflash"
+    return None
+
+
+def read_config(config: dict, path: Path) -> dict:
+    """The fields the drafter is built from, `dflash_config` unnested; a one-line SpecError for what is not read."""
+    options = config.get("dflash_config") or {}
+    for variant, keys in MARKERS.items():
+        if any(key in options or key in config for key in keys) or variant.split()[0].lower() in str(
+                config.get("architectures")).lower():
+            raise SpecError(f"{path} is a {variant} drafter, which mlx-spec does not read yet: use a DFlash or "
+                            "DSpark drafter")
+    if config.get("speculators_model_type") or "pard" in str(config.get("architectures")).lower():
+        raise SpecError(f"{path} is in a layout mlx-spec does not read yet (speculators' or PARD's): use the z-lab "
+                        "or DeepSpec Hugging Face release of the drafter")
+    kind = block_kind(config)
+    flat = {**config, **options}
+    if flat.get("mask_token_id") is None:
+        raise SpecError(f"{path}: the block drafter's config names no mask token (dflash_config.mask_token_id): "
+                        "re-download the drafter")
+    if not flat.get("target_layer_ids"):
+        raise SpecError(f"{path}: the block drafter's config names no target layers (dflash_config."
+                        "target_layer_ids): re-download the drafter")
+    if kind == "dspark" and flat.get("markov_head_type", "vanilla") != "vanilla":
+        raise SpecError(f"{path}: DSpark's {flat['markov_head_type']!r} Markov head is not read yet: use a drafter "
+                        "with the vanilla head")
+    if flat.get("attention_sink_bias") or flat.get("projector_type") not in (None, "dflash", "dspark"):
+        raise SpecError(f"{path}: attention sinks and the {flat.get('projector_type') or 'sink'} projector are not "
+                        "read yet: use a plain DFlash or DSpark drafter")
+    rope = dict(flat.get("rope_parameters") or flat.get("rope_scaling") or {})
+    theta = rope.pop("rope_theta", None) or flat.get("rope_theta") or 10000.0
+    if rope.get("rope_type", rope.get("type")) in (None, "default"):
+        rope = None
+    from_anchor = kind == "dspark" and flat.get("sample_from_anchor", True)
+    block = flat["block_size"] + (kind == "dspark" and not flat.get("dspark_bonus_anchor", False))
+    heads = flat["num_attention_heads"]
+    return {
+        "kind": kind, "hidden_size": flat["hidden_size"], "intermediate_size": flat["intermediate_size"],
+        "layers": flat["num_hidden_layers"], "heads": heads, "kv_heads": flat.get("num_key_value_heads") or heads,
+        "head_dim": flat.get("head_dim") or flat["hidden_size"] // heads, "eps": flat.get("rms_norm_eps") or 1e-6,
+        "vocab_size": flat["vocab_size"], "rope_theta": theta, "rope_scaling": rope,
+        "max_positions": flat.get("max_position_embeddings"), "traditional": not flat.get("rope_is_neox_style", True),
+        "drafts": block - 1, "mask": flat["mask_token_id"], "target_layer_ids": list(flat["target_layer_ids"]),
+        "target_layers": flat.get("num_target_layers") or max(flat["target_layer_ids"]) + 1,
+        "sliding": [t == "sliding_attention" for t in flat.get("layer_types") or ["full_attention"] *
+                    flat["num_hidden_layers"]],
+        "window": flat.get("sliding_window") or flat.get("swa_window_size"), "causal": bool(flat.get("causal")),
+        "from_anchor": from_anchor, "markov_rank": flat.get("markov_rank") if kind == "dspark" else None,
+        "softcap": flat.get("final_logit_softcapping"),
+    }
+
+
+class BlockAttention(nn.Module):
+    def __init__(self, c: dict, sliding: bool):
+        super().__init__()
+        h, self.heads, self.kv_heads, d = c["hidden_size"], c["heads"], c["kv_heads"], c["head_dim"]
+        self.q_proj, self.o_proj = nn.Linear(h, self.heads * d, bias=False), nn.Linear(self.heads * d, h, bias=False)
+        self.k_proj, self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False), nn.Linear(h, self.kv_heads * d,
+                                                                                            bias=False)
+        self.q_norm, self.k_norm = nn.RMSNorm(d, eps=c["eps"]), nn.RMSNorm(d, eps=c["eps"])
+        self.scale, self.causal = d ** -0.5, c["causal"]
+        self.seen = c["window"] - 1 if sliding else None  # the context positions a sliding layer sees
+
+    def split(self, x: mx.array, heads: int) -> mx.array:
+        return x.reshape(*x.shape[:2], heads, -1).transpose(0, 2, 1, 3)
+
+    def append(self, context: mx.array, rope, cache, start: int) -> None:
+        """Add the K/V of context features (B, S, H) at positions start .. start + S - 1 to `cache`."""
+        keys = rope(self.k_norm(self.split(self.k_proj(context), self.kv_heads)), offset=start)
+        cache.update_and_fetch(keys, self.split(self.v_proj(context), self.kv_heads))
+
+    def __call__(self, x: mx.array, rope, cache, at: int) -> mx.array:
+        """x (B, n, H): the block, from position `at`, after the context in `cache`."""
+        b, n, _ = x.shape
+        queries = rope(self.q_norm(self.split(self.q_proj(x), self.heads)), offset=at)
+        keys = rope(self.k_norm(self.split(self.k_proj(x), self.kv_heads)), offset=at)
+        values = self.split(self.v_proj(x), self.kv_heads)
+        context_keys, context_values = compat.cached_kv(cache)
+        if self.seen is not None:
+            context_keys, context_values = context_keys[:, :, -self.seen:], context_values[:, :, -self.seen:]
+        keys = mx.concatenate([context_keys, keys], axis=2)
+        values = mx.concatenate([context_values, values], axis=2)
+        mask = None
+        if self.causal:  # query i sees the keys up to its own (and, sliding, the window before it)
+            key, last = mx.arange(keys.shape[2])[None], mx.arange(n)[:, None] + keys.shape[2] - n
+            mask = (key <= last) & (key > last - self.seen - 1) if self.seen is not None else key <= last
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(hidden, intermediate, bias=False), nn.Linear(hidden, intermediate,
+                                                                                              bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class BlockLayer(nn.Module):
+    def __init__(self, c: dict, sliding: bool):
+        super().__init__()
+        self.self_attn, self.mlp = BlockAttention(c, sliding), MLP(c["hidden_size"], c["intermediate_size"])
+        self.input_layernorm = nn.RMSNorm(c["hidden_size"], eps=c["eps"])
+        self.post_attention_layernorm = nn.RMSNorm(c["hidden_size"], eps=c["eps"])
+
+    def __call__(self, x, rope, cache, at: int):
+        h = x + self.self_attn(self.input_layernorm(x), rope, cache, at)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Markov(nn.Module):
+    def __init__(self, vocab: int, rank: int):
+        super().__init__()
+        self.markov_w1, self.markov_w2 = nn.Embedding(vocab, rank), nn.Linear(rank, vocab, bias=False)
+
+    def __call__(self, previous: mx.array) -> mx.array:
+        """The bias (n, V) on the logits of the positions after the tokens `previous` (n,)."""
+        return self.markov_w2(self.markov_w1(previous))
+
+
+class BlockDrafterModel(nn.Module):
+    def __init__(self, c: dict, own_embedding: bool, own_head: bool):
+        super().__init__()
+        self.config, h = c, c["hidden_size"]
+        self.fc = nn.Linear(len(c["target_layer_ids"]) * h, h, bias=False)
+        self.hidden_norm, self.norm = nn.RMSNorm(h, eps=c["eps"]), nn.RMSNorm(h, eps=c["eps"])
+        self.layers = [BlockLayer(c, sliding) for sliding in c["sliding"]]
+        self.rope = compat.rope(c["head_dim"], c["rope_theta"], c["traditional"], c["rope_scaling"],
+                                c["max_positions"])
+        if c["markov_rank"]:
+            self.markov_head = Markov(c["vocab_size"], c["markov_rank"])
+        if own_embedding:
+            self.embed_tokens = nn.Embedding(c["vocab_size"], h)
+        if own_head:
+            self.lm_head = nn.Linear(h, c["vocab_size"], bias=False)
+
+    def make_cache(self) -> list:
+        """Every layer keeps every context position (a sliding one reads the last of them)."""
+        return compat.plain_kv_caches(len(self.layers))
+
+    def extend(self, features: mx.array, cache: list, start: int) -> None:
+        """Append the target's `features` (B, S, F) at positions start .. start + S - 1 to the context."""
+        context = self.hidden_norm(self.fc(features))
+        for layer, layer_cache in zip(self.layers, cache):
+            layer.self_attn.append(context, self.rope, layer_cache, start)
+
+    def __call__(self, block: mx.array, cache: list, at: int) -> mx.array:
+        """The final hidden states (B, n, H) of `block` (B, n, H: embedded) at positions at .. at + n - 1, after
+        the context in `cache`."""
+        for layer, layer_cache in zip(self.layers, cache):
+            block = layer(block, self.rope, layer_cache, at)
+        return self.norm(block)
+
+
+def load_block_drafter(path: Path, config: dict) -> BlockDrafterModel:
+    """The DFlash / DSpark drafter in `path` (`config`: its config.json)."""
+    c = read_config(config, path)
+    weights = {k.removeprefix("model."): v for k, v in read_safetensors(path, "a block drafter").items()}
+    weights = {k: v for k, v in weights.items() if not k.startswith("confidence_head.")}
+    model = BlockDrafterModel(c, "embed_tokens.weight" in weights, "lm_head.weight" in weights)
+    if quantization := config.get("quantization"):
+        nn.quantize(model, group_size=quantization["group_size"], bits=quantization["bits"])
+    load_exactly(model, weights, f"{path}: the weights do not fit the {c['kind']} drafter its config.json describes "
+                                 "({}): re-download the drafter")
+    return model

@@ -1,0 +1,119 @@
+"""Block drafters (DFlash, DSpark): each round's draft distributions equal the reference implementation's
+(mlx-vlm 0.7.10's DFlash / DSpark models) on identical weights and independently computed target features, on a
+dense and a hybrid target; one-line refusals for drafters that cannot serve. Exact decoding with them is in
+test_lossless.py, sampled output and acceptance in test_sampling.py and test_acceptance.py."""
+
+import json
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import PROMPT, assert_one_line_error, loaded, run_cli
+from tiny_block import layer_outputs, random_block_drafter
+
+import mlx_spec
+from mlx_spec.sampling import SamplingParams
+
+
+def reference(path, target_model):
+    """mlx-vlm's model of the drafter in `path`, bound to `target_model`'s embedding and head, and its config."""
+    from mlx_vlm.speculative.drafters.dspark.config import DSparkConfig
+    from mlx_vlm.speculative.drafters.dspark.dspark import DSparkDraftModel
+    from mlx_vlm.speculative.drafters.qwen3_dflash.config import DFlashConfig
+    from mlx_vlm.speculative.drafters.qwen3_dflash.dflash import DFlashDraftModel
+
+    config = json.loads((path / "config.json").read_text())
+    dspark = "markov_rank" in config["dflash_config"]
+    model = DSparkDraftModel(DSparkConfig.from_dict(config)) if dspark else DFlashDraftModel(
+        DFlashConfig.from_dict(config))
+    model.load_weights(list(model.sanitize(mx.load(str(path / "model.safetensors"))).items()))
+    DFlashDraftModel.bind(model, target_model)  # DSpark's own bind also asks for mlx-vlm's target classes
+    return model, config
+
+
+def reference_distributions(model, config, anchor: int, drafted: list[int], features, cache) -> np.ndarray:
+    """The reference's distribution at each of the block's draft positions (T = 1) after new context `features`,
+    each DSpark position's after the token drafted before it (the anchor before the first)."""
+    options = config["dflash_config"]
+    dspark, k = "markov_rank" in options, len(drafted)
+    block = mx.array([[anchor] + [options["mask_token_id"]] * (k - dspark)])  # DSpark: samples from the anchor
+    hidden = model._hidden(block, features[None], cache)
+    logits = model._logits(hidden if dspark else hidden[:, 1:])[0]
+    if dspark:
+        previous = mx.array([anchor, *drafted[:-1]])
+        logits = mx.concatenate([model.markov_head.apply_step_logits(logits[i:i + 1], previous[i:i + 1])
+                                 for i in range(k)])
+    return np.array(mx.softmax(logits, axis=-1))
+
+
+CASES = [("qwen3", {}), ("qwen3_5", {}), ("qwen3", {"kind": "dspark"}), ("qwen3_5", {"kind": "dspark"}),
+         ("qwen3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6, "causal": True})]
+
+
+@pytest.mark.parametrize("family,options", CASES)
+def test_draft_distributions_equal_the_reference_round_after_round(tiny, tmp_path, family, options):
+    """Three rounds of three drafts, the target keeping one, none, then all of them (and its own next token):
+    the drafter's context grows by the kept positions only, as the reference's does when given the outputs of the
+    target layers over the whole sequence, computed here by one mlx-lm forward from an empty cache."""
+    path = random_block_drafter(tmp_path / "drafter", tiny[family], **options)
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(path))
+    drafter, target = engine.drafter, engine.target
+    model, config = reference(path, loaded(str(tiny[family]))[0])
+    cache, fed = model.make_cache(), 0
+    context = engine.encode(PROMPT)[:12]
+    drafter.begin(context, target.prefill(context[:-1]))
+    for round_, kept in enumerate([1, 0, 3]):
+        draft = drafter.propose(context, 3, SamplingParams(temperature=1.0), mx.random.key(round_))
+        features = layer_outputs(loaded(str(tiny[family]))[0], context[:-1],
+                                 config["dflash_config"]["target_layer_ids"])[0][fed:]
+        fed = len(context) - 1
+        expected = reference_distributions(model, config, context[-1], draft.tokens.tolist(), features, cache)
+        np.testing.assert_allclose(np.array(draft.q), expected, atol=2e-6)
+        step = target.forward(mx.concatenate([mx.array(context[-1:]), draft.tokens]))
+        target.rollback(3 - kept)
+        context = context + draft.tokens.tolist()[:kept] + [int(mx.argmax(step.logits[kept]).item())]
+        drafter.accept(context, kept, step.first(kept + 1))
+
+
+def test_status_names_the_block_drafter_and_its_block(tiny, tmp_path):
+    path = random_block_drafter(tmp_path / "drafter", tiny["qwen3_5"], kind="dspark", block_size=6)
+    status = mlx_spec.load(str(tiny["qwen3_5"]), draft_model=str(path)).status()
+    assert (status.drafter, status.max_draft_len, status.shape) == ("dspark", 5, "chain")
+
+
+def edited(source, dest, edit):
+    shutil.copytree(source, dest)
+    config = json.loads((dest / "config.json").read_text())
+    edit(config)
+    (dest / "config.json").write_text(json.dumps(config))
+    return dest
+
+
+REFUSALS = [
+    ("llama", lambda c: None, ("was not trained for", "hidden size")),
+    ("qwen3", lambda c: c["dflash_config"].pop("mask_token_id"), ("no mask token", "re-download")),
+    ("qwen3", lambda c: c["dflash_config"].update(selector_top_k=4, selector_rank=8), ("DFlash2", "does not read")),
+    ("qwen3", lambda c: c.update(speculators_model_type="dflash"), ("speculators", "z-lab")),
+    ("qwen3", lambda c: c["dflash_config"].update(projector_type="dspark", markov_rank=8, markov_head_type="rnn"),
+     ("Markov head", "vanilla")),
+]
+
+
+@pytest.mark.parametrize("target,edit,fragments", REFUSALS)
+def test_drafters_that_cannot_serve_are_refused_in_one_line(tiny, tmp_path, target, edit, fragments):
+    path = edited(random_block_drafter(tmp_path / "made", tiny["qwen3"]), tmp_path / "drafter", edit)
+    proc = run_cli("generate", "--model", str(tiny[target]), "--draft-model", str(path), "--prompt", "x",
+                   "--max-tokens", "2")
+    assert_one_line_error(proc, *fragments)
+
+
+def test_pickled_weights_and_trees_are_refused_in_one_line(tiny, tmp_path):
+    path = random_block_drafter(tmp_path / "drafter", tiny["qwen3"])
+    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(path), "--tree-width", "2",
+                   "--prompt", "x", "--max-tokens", "2")
+    assert_one_line_error(proc, "block drafter", "chains only")
+    (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(path), "--prompt", "x",
+                   "--max-tokens", "2")
+    assert_one_line_error(proc, "pytorch_model.bin", "safetensors")
