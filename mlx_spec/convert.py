@@ -23,6 +23,7 @@ from mlx.utils import tree_flatten
 from .errors import SpecError
 from .loading import read_config, resolve
 from .models import read_safetensors
+from .models.dflash import block_kind, load_block_drafter, quantize as quantize_block_drafter
 from .models.eagle3 import is_eagle3, load_eagle3
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.gemma4_assistant import quantize as quantize_assistant
@@ -113,6 +114,8 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
             convert_assistant(source, staged, quantize, q_bits, q_group_size, dtype)
         elif is_eagle3(json.loads(config_path.read_text())):
             convert_eagle3(source, staged, quantize, q_bits, q_group_size, dtype)
+        elif block_kind(json.loads(config_path.read_text())):
+            convert_block_drafter(source, staged, quantize, q_bits, q_group_size, dtype)
         else:
             mlx_lm_convert(str(source), str(staged), quantize=quantize, q_group_size=q_group_size, q_bits=q_bits,
                            dtype=dtype)
@@ -184,6 +187,24 @@ def convert_eagle3(source: Path, out: Path, quantize: bool, q_bits: int, q_group
                         metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=4))
     print(f"[INFO] Converted the EAGLE-3 head{f' ({q_bits}-bit)' if quantize else ''}")
+
+
+def convert_block_drafter(source: Path, out: Path, quantize: bool, q_bits: int, q_group_size: int,
+                          dtype: str | None) -> None:
+    """A DFlash / DSpark drafter (mlx-lm cannot load one): floats cast, linear maps quantized where the group size
+    divides them; its config keeps the publisher's form with the quantization added."""
+    config = json.loads((source / "config.json").read_text())
+    drafter = load_block_drafter(source, config)
+    if dtype := dtype or checkpoint_dtype(config):
+        drafter.set_dtype(getattr(mx, dtype))
+    if quantize:
+        quantize_block_drafter(drafter, q_group_size, q_bits)
+        config["quantization"] = {"group_size": q_group_size, "bits": q_bits}
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(drafter.parameters())),
+                        metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=4))
+    print(f"[INFO] Converted the {drafter.config['kind']} drafter{f' ({q_bits}-bit)' if quantize else ''}")
 
 
 def add_mtp(hf_path: str, mlx_path: str, mtp_bits: int | None = None, group_size: int = 64) -> Path:

@@ -230,9 +230,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     block = block_kind(draft_config) and block_config(draft_config, draft_path)
     if is_mtp_head(draft_config):
         raise SpecError(f"{draft_model} is an MTP head: draft with it by --mtp-path {draft_model}")
-    if tree_width > 1 and (assistant or block):
-        raise SpecError(f"--tree-width needs a draft model: a {'block drafter' if block else 'Gemma 4 assistant'} "
-                        "proposes chains only")
+    if tree_width > 1 and assistant:
+        raise SpecError("--tree-width needs a draft model: a Gemma 4 assistant proposes chains only")
     max_draft_len = target.entry.get("draft_len") or (
         ASSISTANT_MAX_DRAFT_LEN if assistant else draft_config["medusa_num_heads"] if medusa
         else min(block["drafts"], MAX_DRAFT_LEN) if block else DRAFTERS[drafter].max_draft_len)
@@ -294,6 +293,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         where, problem = target.path.name, runner.tree_problem()
         if problem is None and isinstance(chosen, DraftModelDrafter):
             where, problem = draft_path.name, chosen.runner.tree_problem(by_levels=True)
+        if problem is None and chosen.name == "dspark":
+            where, problem = draft_path.name, "is a DSpark drafter, whose Markov head conditions each draft on the last"
         chosen.width, chosen.no_tree = (1, f"{where} {problem}") if problem else (tree_width, None)
 
     def sibling(name: str) -> Engine:

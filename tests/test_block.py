@@ -9,7 +9,7 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, assert_one_line_error, loaded, run_cli
+from helpers import PROMPT, assert_one_line_error, converted_q8, loaded, plain_greedy, run_cli
 from tiny_block import layer_outputs, random_block_drafter
 
 import mlx_spec
@@ -76,10 +76,53 @@ def test_draft_distributions_equal_the_reference_round_after_round(tiny, tmp_pat
         drafter.accept(context, kept, step.first(kept + 1))
 
 
-def test_status_names_the_block_drafter_and_its_block(tiny, tmp_path):
-    path = random_block_drafter(tmp_path / "drafter", tiny["qwen3_5"], kind="dspark", block_size=6)
-    status = mlx_spec.load(str(tiny["qwen3_5"]), draft_model=str(path)).status()
-    assert (status.drafter, status.max_draft_len, status.shape) == ("dspark", 5, "chain")
+def test_status_names_the_block_drafter_and_its_shape(tiny, tmp_path):
+    """A DFlash drafter drafts DDTrees where the target verifies trees; a hybrid target and a DSpark drafter keep
+    chains, and say why."""
+    dspark = random_block_drafter(tmp_path / "dspark", tiny["qwen3"], kind="dspark", block_size=6)
+    dflash = random_block_drafter(tmp_path / "dflash", tiny["qwen3_5"])
+    status = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(dspark), tree_width=2).status()
+    assert (status.drafter, status.max_draft_len) == ("dspark", 5)
+    assert status.shape.startswith("chain (no tree: dspark is a DSpark drafter")
+    assert mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-dflash"]), tree_width=3).status().shape \
+        == "tree of width 3"
+    status = mlx_spec.load(str(tiny["qwen3_5"]), draft_model=str(dflash), tree_width=3).status()
+    assert status.drafter == "dflash" and "recurrent layers" in status.shape
+
+
+@pytest.mark.parametrize("budget", [1, 5, 12])
+def test_ddtrees_hold_the_prefixes_the_reference_builds(budget):
+    """The same most probable prefixes as mlx-vlm's DDTree (Algorithm 1) for the same per-position logits, each
+    after its parent, in order of depth."""
+    from mlx_vlm.speculative.ddtree import build_ddtree
+
+    from mlx_spec.drafters.dflash import best_first_tree
+
+    logits = mx.random.normal((4, 50), key=mx.random.key(budget)) * 2
+    draft = best_first_tree(logits, budget)
+    tokens = draft.tokens.tolist()
+    paths = {tuple(tokens[n] for n in draft.ancestors(node)) for node in range(len(tokens))}
+    reference = build_ddtree(mx.concatenate([mx.zeros((1, 50)), logits])[None], budget)
+    assert paths == {node.token_ids for node in reference} and len(tokens) == budget
+    assert all(parent < node for node, parent in enumerate(draft.parents))
+    assert draft.depths() == sorted(draft.depths())
+
+
+def test_sampled_sequences_follow_the_target_under_ddtrees(tiny):
+    """As test_sampling's test for chains: three tokens at T=1, top-k 2, from DDTrees of 2 x 2 nodes."""
+    from test_sampling import assert_follows, exact_sequences
+
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-dflash"]), draft_len=2, tree_width=2)
+    prompt = engine.encode(PROMPT)[:32]
+    exact, drafted, accepted = exact_sequences(tiny["qwen3"], prompt, 3, 2), 0, 0
+    observed = dict.fromkeys(exact, 0)
+    # seeds 0..1199 draw a 1-in-1400 sample (p = 0.0007); 12,000 seeds from 200,000 give p = 0.80
+    for seed in range(10_000, 11_200):
+        result = mlx_spec.generate(engine, prompt, max_tokens=3, temperature=1.0, top_k=2, seed=seed)
+        observed[tuple(result.tokens)] += 1
+        drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
+    assert 0 < accepted < drafted
+    assert_follows(observed, exact, 1200)
 
 
 def edited(source, dest, edit):
@@ -108,12 +151,22 @@ def test_drafters_that_cannot_serve_are_refused_in_one_line(tiny, tmp_path, targ
     assert_one_line_error(proc, *fragments)
 
 
-def test_pickled_weights_and_trees_are_refused_in_one_line(tiny, tmp_path):
+def test_pickled_weights_are_refused_in_one_line(tiny, tmp_path):
     path = random_block_drafter(tmp_path / "drafter", tiny["qwen3"])
-    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(path), "--tree-width", "2",
-                   "--prompt", "x", "--max-tokens", "2")
-    assert_one_line_error(proc, "block drafter", "chains only")
     (path / "model.safetensors").rename(path / "pytorch_model.bin")
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(path), "--prompt", "x",
                    "--max-tokens", "2")
     assert_one_line_error(proc, "pytorch_model.bin", "safetensors")
+
+
+def test_a_converted_quantized_drafter_drafts_exactly(tiny, tmp_path):
+    """`convert -q` casts and quantizes what the group size divides (the Markov head's rank-16 map stays float)."""
+    out = tmp_path / "q8"
+    assert converted_q8(tiny["qwen3_5-dspark"], out)["quantization"] == {"group_size": 32, "bits": 8}
+    engine = mlx_spec.load(str(tiny["qwen3_5"]), draft_model=str(out), draft_len=3)
+    model = engine.drafter.model
+    assert type(model.fc).__name__ == "QuantizedLinear" and type(model.markov_head.markov_w2).__name__ == "Linear"
+    ids = engine.encode(PROMPT)
+    result = engine.generate(ids, max_tokens=48)
+    assert result.tokens == plain_greedy(tiny["qwen3_5"], ids, 48)
+    assert 0 < result.stats.accepted < result.stats.drafted

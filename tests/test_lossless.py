@@ -38,7 +38,8 @@ def test_greedy_equals_plain_decoding(tiny, family, drafter, penalty):
     ("qwen3", None, {"mtp_path": "qwen3-mtp-head"}),
     ("demo", None, {"drafter": "mtp"}),  # the demo: a trained Qwen3.5 MTP layer
     ("gemma4", "gemma4-assistant-trained", {}),
-    ("qwen3", "qwen3-dflash", {}), ("qwen3_5", "qwen3_5-dspark", {})])  # block drafters: dense, hybrid
+    ("qwen3", "qwen3-dflash", {}), ("qwen3", "qwen3-dflash", {"tree_width": 3}),  # block drafters: dense (DDTree)
+    ("qwen3_5", "qwen3_5-dspark", {})])  # and hybrid
 def test_changing_draft_lengths_stay_exact(tiny, family, draft, options):
     """The adaptive policy changes the draft length (and a tree drafter's shape) every few rounds and turns
     drafting off and on (its choices follow the clock); seeded runs of every length, 0 included, and of chains

@@ -5,9 +5,16 @@ returns them all) and, after each round, those of the round's last token and acc
 next draft, which appends them to the drafter's cache and runs the block `[last token, MASK ...]` after them in
 the same forward. Each position's q is the drafter's own distribution there (DSpark's with its Markov bias from
 the token drafted before), sampled left to right, so verification is exact at every temperature.
+
+With a tree width W > 1 a DFlash drafter proposes a DDTree (Algorithm 1 of its paper): the W k prefixes of highest
+probability under the block's per-position distributions, taken best-first (a prefix only after its parent),
+verified in one target forward as a token tree (its nodes are one-hot candidates: exact at every temperature).
+A DSpark drafter drafts chains: its Markov head makes each position's distribution depend on the token before.
 """
 
 from __future__ import annotations
+
+from heapq import heappop, heappush
 
 import mlx.core as mx
 
@@ -18,8 +25,33 @@ from ..target import PREFILL_CHUNK, Step
 from . import Draft, draft_autoregressively
 
 
+def best_first_tree(logits: mx.array, budget: int) -> Draft:
+    """DDTree: the `budget` most probable prefixes under independent per-position distributions softmax(logits)
+    (k, V), each after its parent; ties go to the earlier. Nodes in order of depth."""
+    top = min(budget, logits.shape[-1])
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    ids = mx.argsort(-logprobs, axis=-1)[:, :top]
+    scores = mx.take_along_axis(logprobs, ids, axis=-1).tolist()
+    ids = ids.tolist()
+    heap, chosen = [(-scores[0][0], 0, (0,), -1)], []  # (-log-probability, order, ranks per depth, parent)
+    while heap and len(chosen) < budget:
+        score, _, ranks, parent = heappop(heap)
+        chosen.append((ranks, parent))
+        depth, rank = len(ranks), ranks[-1]
+        if rank + 1 < top:  # the next sibling
+            heappush(heap, (score + scores[depth - 1][rank] - scores[depth - 1][rank + 1], len(chosen) * 2,
+                            ranks[:-1] + (rank + 1,), parent))
+        if depth < len(ids):  # the first child
+            heappush(heap, (score - scores[depth][0], len(chosen) * 2 + 1, ranks + (0,), len(chosen) - 1))
+    order = sorted(range(len(chosen)), key=lambda i: (len(chosen[i][0]), i))
+    place = {node: i for i, node in enumerate(order)}
+    return Draft(mx.array([ids[len(chosen[n][0]) - 1][chosen[n][0][-1]] for n in order], dtype=mx.int32),
+                 parents=[place[chosen[n][1]] if chosen[n][1] >= 0 else -1 for n in order])
+
+
 class BlockDrafter:
     hidden_tail = None  # the context is every position's features
+    width, no_tree = 1, None  # > 1: DDTrees of width x draft length nodes (`make_engine` sets them)
 
     def __init__(self, model: BlockDrafterModel, target_model):
         """The target must be run with `Target(..., hidden=model_features(...))`."""
@@ -65,6 +97,8 @@ class BlockDrafter:
         logits = self.head(hidden)
         if c["softcap"]:
             logits = mx.tanh(logits / c["softcap"]) * c["softcap"]
+        if self.width > 1:
+            return best_first_tree(logits, self.width * k)
         markov = self.model.markov_head if "markov_head" in self.model else None
         row = iter(range(1, k))
 

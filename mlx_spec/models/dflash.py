@@ -207,6 +207,13 @@ class BlockDrafterModel(nn.Module):
         return self.norm(block)
 
 
+def quantize(model: BlockDrafterModel, group_size: int, bits: int) -> None:
+    """Quantize the drafter's linear maps and embeddings whose width the group size divides (the rest, and the
+    norms, stay float), as `convert -q` writes it and loading reads it back."""
+    nn.quantize(model, group_size=group_size, bits=bits,
+                class_predicate=lambda _, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group_size == 0)
+
+
 def load_block_drafter(path: Path, config: dict) -> BlockDrafterModel:
     """The DFlash / DSpark drafter in `path` (`config`: its config.json)."""
     c = read_config(config, path)
@@ -214,7 +221,7 @@ def load_block_drafter(path: Path, config: dict) -> BlockDrafterModel:
     weights = {k: v for k, v in weights.items() if not k.startswith("confidence_head.")}
     model = BlockDrafterModel(c, "embed_tokens.weight" in weights, "lm_head.weight" in weights)
     if quantization := config.get("quantization"):
-        nn.quantize(model, group_size=quantization["group_size"], bits=quantization["bits"])
+        quantize(model, quantization["group_size"], quantization["bits"])
     load_exactly(model, weights, f"{path}: the weights do not fit the {c['kind']} drafter its config.json describes "
                                  "({}): re-download the drafter")
     return model
