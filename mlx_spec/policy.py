@@ -3,8 +3,9 @@
 `FixedDraftLength` is what a user pins. `AdaptiveDraftLength` picks, every round, the length (and, for a
 drafter that can draft trees, whether to draft a chain or a tree) that maximises the expected tokens per second
 from what this run has measured, per shape: the acceptance at each draft position and the time of a round,
-T(k) = T(0) (1 + slope * k), the slope learnt in plain steps, so that a machine that slows down or speeds up as
-a whole (other work on its cores) does not move break-even while drafting is off. It turns drafting off (k = 0,
+T(k) = T(0) (1 + fixed + slope * k), both learnt in plain steps (fixed: what a drafting round costs whatever its
+length, such as a block drafter's one forward, fitted once a second length was timed), so that a machine that
+slows down or speeds up as a whole (other work on its cores) does not move break-even while drafting is off. It turns drafting off (k = 0,
 plain decoding) when no length beats plain decoding, and probes with a short draft now and then so it turns back
 on when the text becomes predictable again or drafts turn out cheaper than measured (a probe is two rounds: the
 first, resuming, says nothing of the cost; the second's counts for half). Its `note` says what it decided and why.
@@ -48,6 +49,9 @@ class Shape:
     def __init__(self, max_len: int, prior_acceptance: float):
         self.acceptance = [prior_acceptance] * max_len  # P(position j accepted | positions < j accepted)
         self.slope: float | None = None  # what each drafted position adds to a round, in plain steps
+        self.fixed = 0.0  # what a drafting round adds whatever its length (a block drafter's one forward)
+        self.moments: tuple[float, ...] | None = None  # running means of k, k^2, r, k r; r = T(k) / T(0) - 1
+        self.lengths: set[int] = set()  # the draft lengths timed
 
     def expected_tokens(self, k: int) -> float:
         """Tokens per round with k drafts: 1 + sum over i of the chance that drafts 1..i all pass."""
@@ -56,6 +60,34 @@ class Shape:
             passed *= a
             total += passed
         return total
+
+    def cost(self, k: int) -> float:
+        """T(k) / T(0): a round of k drafts in plain steps."""
+        return 1.0 if k == 0 else 1 + self.fixed + self.slope * k
+
+    def learn(self, k: int, r: float, weight: float) -> None:
+        """A round of k drafts took 1 + r plain steps; `weight`: its share in the running means. The cost is fitted
+        as fixed + slope k (least squares, neither negative) while the lengths timed lie far enough apart; else
+        the fixed share stays as last fitted (0 before) and the slope takes the rest."""
+        observed = (k, k * k, r, k * r)
+        self.moments = observed if self.moments is None else tuple(
+            (1 - weight) * m + weight * o for m, o in zip(self.moments, observed))
+        self.lengths.add(k)
+        mean_k, mean_kk, mean_r, mean_kr = self.moments
+        spread = mean_kk - mean_k * mean_k
+        if spread <= SPREAD:  # one length of late: the fixed share as last fitted (none before), the rest per draft
+            self.slope = max(0.0, (mean_r - self.fixed) / mean_k)
+            return
+        slope = (mean_kr - mean_k * mean_r) / spread
+        if slope < 0:
+            self.fixed, self.slope = max(0.0, mean_r), 0.0
+        elif mean_r - slope * mean_k < 0:
+            self.fixed, self.slope = 0.0, max(0.0, mean_kr / mean_kk)
+        else:
+            self.fixed, self.slope = mean_r - slope * mean_k, slope
+
+
+SPREAD = 0.2  # the variance of the draft lengths timed (squared drafts) past which a round's fixed cost is fitted
 
 
 class AdaptiveDraftLength:
@@ -73,6 +105,7 @@ class AdaptiveDraftLength:
         self.warmed_up = set()  # widths seen once (0: plain steps): a first round compiles and fills caches
         self.previous_len = None
         self.uncosted = False  # the last round drafted but its time said nothing of a draft's cost
+        self.spread_tries = 0  # rounds drafted at a second length to fit a round's fixed cost
         self.draft_len, self.width, self.widest = max_len, widths[0], widths[-1]
         self.note = f"adaptive draft length, up to {max_len}" + (f", chains or trees of width {widths[-1]}"
                                                                   if len(widths) > 1 else "")
@@ -88,10 +121,14 @@ class AdaptiveDraftLength:
         elif unmeasured:
             k, self.width = 1, unmeasured[0]  # measure the cost of drafting with the cheapest draft: where
             # drafting cannot pay, exploring at the longest length cost ~13% of a short generation
+        elif self.max_len >= 3 and self.spread_tries < 2 and self.shapes[min(self.shapes)].lengths == {1}:
+            # once, a longer chain: what a round costs whatever its length (a block drafter's forward, a verify's
+            # fixed share) shows only beside another length
+            k, self.width, self.spread_tries = max(2, self.max_len // 2), min(self.shapes), self.spread_tries + 1
         else:
             k, self.width = self.best()
             chain = self.shapes[min(self.shapes)]
-            break_even = chain.slope
+            break_even = chain.cost(1) - 1
             # a cheap probe: has the text become predictable? The rarer, the closer break-even is to "always
             # right" (up to 8x rarer): a probe costs two rounds, and the cost of drafting does not change with the
             # text. Or the probe's second round: the first resumed drafting (no cost signal), and a cost once
@@ -112,7 +149,7 @@ class AdaptiveDraftLength:
 
     def best(self) -> tuple[int, int]:
         """The (draft length, width) expected to make the most tokens per second (every shape's cost measured)."""
-        rates = {(k, w): shape.expected_tokens(k) / (1 + shape.slope * k)
+        rates = {(k, w): shape.expected_tokens(k) / shape.cost(k)
                  for w, shape in self.shapes.items() for k in range(self.max_len + 1)}
         return max(rates, key=rates.__getitem__)
 
@@ -141,9 +178,7 @@ class AdaptiveDraftLength:
         if draft_len == 0:
             self.plain_time = seconds if self.plain_time is None else d * self.plain_time + (1 - d) * seconds
         elif self.plain_time is not None:
-            slope = max(0.0, (seconds / self.plain_time - 1) / draft_len)
-            w = PROBE_WEIGHT if fresh else 1 - d
-            shape.slope = slope if shape.slope is None else (1 - w) * shape.slope + w * slope
+            shape.learn(draft_len, seconds / self.plain_time - 1, PROBE_WEIGHT if fresh else 1 - d)
 
 
 STALE = 16  # rounds after which BatchDraftLength's estimate of a position no round reached is tried again
