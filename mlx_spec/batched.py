@@ -91,7 +91,7 @@ def batch_problem(model, drafter=None) -> str | None:
         return f"batched decoding is not available for this model ({problem})"
     if drafter is not None and getattr(drafter, "batched", None) is None:
         return (f"the {drafter.name} drafter does not draft in batches yet (n-gram, draft models, MTP layers and "
-                "heads, EAGLE-3 and Medusa heads and Gemma 4 assistants do; block drafters not yet)")
+                "heads, EAGLE-3 and Medusa heads, Gemma 4 assistants and block drafters do)")
     if drafter is not None and getattr(drafter, "width", 1) > 1:
         return f"the {drafter.name} drafter proposes token trees, which are not drafted in batches: use --tree-width 1"
     if drafter is not None and hasattr(drafter, "batch_problem") and (problem := drafter.batch_problem()):
