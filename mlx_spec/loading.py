@@ -175,6 +175,7 @@ class LoadedTarget:
     entry: dict  # its models.toml entry, if any
     default_draft_model: str | None
     lockstep: Lockstep | None = None  # the ranks this target is sharded across (`distributed`)
+    distributed: str | None = None  # how: "tensor" or "pipeline"
 
 
 def load_target(model: str | None, draft_model: str | None = None, distributed: str | None = None) -> LoadedTarget:
@@ -189,7 +190,7 @@ def load_target(model: str | None, draft_model: str | None = None, distributed: 
     split = (lambda m: compat.split_model(m, distributed, group, target_path.name)) if group else None
     target_model, tokenizer, config = load_checkpoint(target_path, "target model", split)
     return LoadedTarget(target_path, target_model, tokenizer, config, entry, default_draft,
-                        Lockstep(group) if group else None)
+                        Lockstep(group) if group else None, distributed)
 
 
 MAX_TREE_WIDTH = 8
@@ -238,6 +239,9 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     wants_hidden = (mtp_hidden if drafter == "mtp" else "post" if assistant or medusa
                     else eagle3_features(draft_path, draft_config, target) if eagle3
                     else block_features(draft_path, block, target) if block else None)
+    if isinstance(wants_hidden, list) and target.distributed == "pipeline":
+        raise SpecError(f"the {'block drafter' if block else 'EAGLE-3 head'} reads the outputs of layers that "
+                        "--distributed pipeline places on other ranks: use --distributed tensor")
     if kv_bits and (problem := kv_quantization_problem(target.config, kv_group_size)):
         raise SpecError(f"--kv-bits cannot be used with {target.path}: {problem}")
     runner = Target(target.model, kv_bits, kv_group_size, hidden=wants_hidden)

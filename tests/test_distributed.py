@@ -138,6 +138,7 @@ def test_sampled_on_two_ranks_is_one_process_with_the_same_seed(tiny, mode):
     ("qwen3", ["--drafter", "lookahead"], "tensor"),
     ("qwen3", ["--draft-model", "qwen3-medusa"], "tensor"),
     ("qwen3", ["--draft-model", "qwen3-eagle3"], "tensor"),
+    ("qwen3", ["--draft-model", "qwen3-dflash", "--tree-width", "2"], "tensor"),
     ("deepseek_v3", ["--drafter", "mtp"], "pipeline"),
     ("glm4_moe", ["--drafter", "mtp"], "tensor"),
 ])
@@ -276,6 +277,10 @@ def test_distributed_needs_a_launcher_a_shardable_model_and_no_terminal(tiny):
                           "mlx-spec serve --distributed tensor", "chat --server")
     assert_one_line_error(run_cli("bench", "--model", str(tiny["qwen3"]), "--distributed", "tensor"),
                           "scripts/bench_distributed.py")
+    proc = mlx_launch("generate", "--model", str(tiny["qwen3_5"]), "--draft-model", str(tiny["qwen3_5-dspark"]),
+                      "--distributed", "pipeline", "--prompt", "x")
+    assert "mlx-spec: error: the block drafter reads the outputs of layers" in proc.stderr, proc.stderr
+    assert "--distributed tensor" in proc.stderr and "Traceback" not in proc.stderr
     proc = mlx_launch("generate", "--model", str(tiny["qwen3"]), "--distributed", "pipeline", "--prompt", "x")
     assert "mlx-spec: error: mlx-lm" in proc.stderr and "cannot split" in proc.stderr, proc.stderr
     assert "--distributed tensor" in proc.stderr and "Traceback" not in proc.stderr
