@@ -297,8 +297,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
         where, problem = target.path.name, runner.tree_problem()
         if problem is None and isinstance(chosen, DraftModelDrafter):
             where, problem = draft_path.name, chosen.runner.tree_problem(by_levels=True)
-        if problem is None and chosen.name == "dspark":
-            where, problem = draft_path.name, "is a DSpark drafter, whose Markov head conditions each draft on the last"
+        if problem is None and chosen.name in ("dspark", "dflash2"):
+            where, problem = draft_path.name, f"is a {chosen.name} drafter: each draft depends on the one before"
         chosen.width, chosen.no_tree = (1, f"{where} {problem}") if problem else (tree_width, None)
 
     def sibling(name: str) -> Engine:

@@ -5,8 +5,8 @@ drafter that can draft trees, whether to draft a chain or a tree) that maximises
 from what this run has measured, per shape: the acceptance at each draft position and the time of a round,
 T(k) = T(0) (1 + fixed + slope * k), both learnt in plain steps (fixed: what a drafting round costs whatever its
 length, such as a block drafter's one forward, fitted once a second length was timed), so that a machine that
-slows down or speeds up as a whole (other work on its cores) does not move break-even while drafting is off. It turns drafting off (k = 0,
-plain decoding) when no length beats plain decoding, and probes with a short draft now and then so it turns back
+slows down or speeds up as a whole (other work on its cores) does not move break-even while drafting is off. It
+turns drafting off (k = 0, plain decoding) when no length beats plain decoding, and probes with a short draft now and then so it turns back
 on when the text becomes predictable again or drafts turn out cheaper than measured (a probe is two rounds: the
 first, resuming, says nothing of the cost; the second's counts for half). Its `note` says what it decided and why.
 """

@@ -1,6 +1,6 @@
 """Prove the suite catches what it claims to: apply small deliberate bugs to the core (verification, sampling,
-rollback, drafts, the drafting helpers, n-gram lookup, ragged batches, block drafters), one at a time, each in a fresh copy of
-the working tree, and run the tests that should catch it. Every mutant must make them fail.
+rollback, drafts, the drafting helpers, n-gram lookup, ragged batches, block drafters), one at a time, each in a
+fresh copy of the working tree, and run the tests that should catch it. Every mutant must make them fail.
 
     python scripts/mutants.py              # all of them (about 2 minutes on 2 cores)
     python scripts/mutants.py --only 3,7   # some; --list shows them

@@ -1,6 +1,6 @@
-"""Block drafters (DFlash, DSpark): each round's draft distributions equal the reference implementation's
-(mlx-vlm 0.7.10's DFlash / DSpark models) on identical weights and independently computed target features, on a
-dense and a hybrid target; one-line refusals for drafters that cannot serve. Exact decoding with them is in
+"""Block drafters (DFlash, DFlash2, DSpark): each round's draft distributions equal the reference
+implementation's (mlx-vlm 0.7.10's DFlash / DFlash2 / DSpark models) on identical weights and independently
+computed target features, on dense and hybrid targets; one-line refusals for drafters that cannot serve. Exact decoding with them is in
 test_lossless.py, sampled output and acceptance in test_sampling.py and test_acceptance.py."""
 
 import json
@@ -18,15 +18,18 @@ from mlx_spec.sampling import SamplingParams
 
 def reference(path, target_model):
     """mlx-vlm's model of the drafter in `path`, bound to `target_model`'s embedding and head, and its config."""
+    from mlx_vlm.speculative.drafters.dflash2.config import DFlash2Config
+    from mlx_vlm.speculative.drafters.dflash2.dflash2 import DFlash2DraftModel
     from mlx_vlm.speculative.drafters.dspark.config import DSparkConfig
     from mlx_vlm.speculative.drafters.dspark.dspark import DSparkDraftModel
     from mlx_vlm.speculative.drafters.qwen3_dflash.config import DFlashConfig
     from mlx_vlm.speculative.drafters.qwen3_dflash.dflash import DFlashDraftModel
 
     config = json.loads((path / "config.json").read_text())
-    dspark = "markov_rank" in config["dflash_config"]
-    model = DSparkDraftModel(DSparkConfig.from_dict(config)) if dspark else DFlashDraftModel(
-        DFlashConfig.from_dict(config))
+    options = config["dflash_config"]
+    model = (DSparkDraftModel(DSparkConfig.from_dict(config)) if "markov_rank" in options
+             else DFlash2DraftModel(DFlash2Config.from_dict(config)) if "selector_top_k" in options
+             else DFlashDraftModel(DFlashConfig.from_dict(config)))
     model.load_weights(list(model.sanitize(mx.load(str(path / "model.safetensors"))).items()))
     DFlashDraftModel.bind(model, target_model)  # DSpark's own bind also asks for mlx-vlm's target classes
     return model, config
@@ -34,21 +37,37 @@ def reference(path, target_model):
 
 def reference_distributions(model, config, anchor: int, drafted: list[int], features, cache) -> np.ndarray:
     """The reference's distribution at each of the block's draft positions (T = 1) after new context `features`,
-    each DSpark position's after the token drafted before it (the anchor before the first)."""
+    each DSpark / DFlash2 position's after the token drafted before it (the anchor before the first): DFlash2's over
+    its selector's candidates, scored as its `select` scores them."""
     options = config["dflash_config"]
     dspark, k = "markov_rank" in options, len(drafted)
     block = mx.array([[anchor] + [options["mask_token_id"]] * (k - dspark)])  # DSpark: samples from the anchor
     hidden = model._hidden(block, features[None], cache)
-    logits = model._logits(hidden if dspark else hidden[:, 1:])[0]
+    hidden = hidden if dspark else hidden[:, 1:]
+    logits = model._logits(hidden)[0]
+    previous = mx.array([anchor, *drafted[:-1]])
     if dspark:
-        previous = mx.array([anchor, *drafted[:-1]])
         logits = mx.concatenate([model.markov_head.apply_step_logits(logits[i:i + 1], previous[i:i + 1])
                                  for i in range(k)])
+    if "selector_top_k" in options:
+        selector = model.candidate_selector
+        candidates = mx.argpartition(logits, -selector.top_k, axis=-1)[:, -selector.top_k:]
+        projected = selector.hidden_projection(hidden)[0]
+        rows = []
+        for i in range(k):
+            edges = mx.sum(selector.predecessor_codebook(previous[i:i + 1]) * projected[i]
+                           * selector.successor_codebook(candidates[i]), axis=-1)
+            row = np.zeros(logits.shape[-1], dtype=np.float32)
+            row[np.array(candidates[i])] = np.array(mx.softmax(logits[i, candidates[i]] + edges, axis=-1))
+            rows.append(row)
+        return np.stack(rows)
     return np.array(mx.softmax(logits, axis=-1))
 
 
 CASES = [("qwen3", {}), ("qwen3_5", {}), ("qwen3", {"kind": "dspark"}), ("qwen3_5", {"kind": "dspark"}),
-         ("qwen3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6, "causal": True})]
+         ("qwen3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6, "causal": True}),
+         ("llama", {}), ("qwen3_5_moe", {"kind": "dspark"}), ("qwen3_next", {}), ("qwen3", {"kind": "dflash2"}),
+         ("qwen3_5", {"kind": "dflash2"})]
 
 
 @pytest.mark.parametrize("family,options", CASES)
@@ -76,6 +95,17 @@ def test_draft_distributions_equal_the_reference_round_after_round(tiny, tmp_pat
         drafter.accept(context, kept, step.first(kept + 1))
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_5_moe", "qwen3_next"])
+def test_greedy_equals_plain_decoding_on_every_family(tiny, tmp_path, family):
+    """Beyond the trained drafters (test_lossless.py: Qwen3, Qwen3.5), random ones on the other families: their
+    drafts are rejected, and the output stays the target's own."""
+    path = random_block_drafter(tmp_path / "drafter", tiny[family], kind="dspark" if family == "llama" else "dflash")
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(path), draft_len=3)
+    ids = engine.encode(PROMPT)
+    result = engine.generate(ids, max_tokens=40)
+    assert result.tokens == plain_greedy(tiny[family], ids, 40) and result.stats.drafted > 0
+
+
 def test_status_names_the_block_drafter_and_its_shape(tiny, tmp_path):
     """A DFlash drafter drafts DDTrees where the target verifies trees; a hybrid target and a DSpark drafter keep
     chains, and say why."""
@@ -83,7 +113,7 @@ def test_status_names_the_block_drafter_and_its_shape(tiny, tmp_path):
     dflash = random_block_drafter(tmp_path / "dflash", tiny["qwen3_5"])
     status = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(dspark), tree_width=2).status()
     assert (status.drafter, status.max_draft_len) == ("dspark", 5)
-    assert status.shape.startswith("chain (no tree: dspark is a DSpark drafter")
+    assert status.shape.startswith("chain (no tree: dspark is a dspark drafter: each draft depends on the one")
     assert mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-dflash"]), tree_width=3).status().shape \
         == "tree of width 3"
     status = mlx_spec.load(str(tiny["qwen3_5"]), draft_model=str(dflash), tree_width=3).status()
@@ -136,7 +166,7 @@ def edited(source, dest, edit):
 REFUSALS = [
     ("llama", lambda c: None, ("was not trained for", "hidden size")),
     ("qwen3", lambda c: c["dflash_config"].pop("mask_token_id"), ("no mask token", "re-download")),
-    ("qwen3", lambda c: c["dflash_config"].update(selector_top_k=4, selector_rank=8), ("DFlash2", "does not read")),
+    ("qwen3", lambda c: c["dflash_config"].update(layer_fusion_weights=[[1.0] * 5]), ("DFly", "does not read")),
     ("qwen3", lambda c: c.update(speculators_model_type="dflash"), ("speculators", "z-lab")),
     ("qwen3", lambda c: c["dflash_config"].update(projector_type="dspark", markov_rank=8, markov_head_type="rnn"),
      ("Markov head", "vanilla")),

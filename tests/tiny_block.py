@@ -15,8 +15,8 @@ import numpy as np
 def block_config(target_config: dict, kind: str = "dflash", layers: int = 2, block_size: int = 4,
                  target_layer_ids: list[int] | None = None, layer_types: list[str] | None = None,
                  sliding_window: int | None = None, causal: bool = False, markov_rank: int = 16) -> dict:
-    """The config.json z-lab (DFlash) or DeepSpec (DSpark: `block_size` counts the drafts) write, sized for
-    `target_config`, with the null and missing fields their releases have and `rope_parameters`."""
+    """The config.json z-lab (DFlash), Inco (DFlash2) or DeepSpec (DSpark: `block_size` counts the drafts)
+    write, sized for `target_config`, with the null and missing fields their releases have and `rope_parameters`."""
     text = target_config.get("text_config", target_config)
     hidden, vocab, target_layers = text["hidden_size"], text["vocab_size"], text["num_hidden_layers"]
     ids = target_layer_ids or [0, target_layers // 2, target_layers - 1]
@@ -34,10 +34,14 @@ def block_config(target_config: dict, kind: str = "dflash", layers: int = 2, blo
     }
     if layer_types:
         config["layer_types"] = layer_types
-    if kind == "dflash":
-        config["block_size"] = block_size
-    else:
+    if kind == "dspark":
         options.update(projector_type="dspark", markov_rank=markov_rank, block_size=block_size - 1)
+    else:
+        config["block_size"] = block_size
+    if kind == "dflash2":  # Inco's DFlash2: a candidate selector, grouped dynamic convolutions, scales
+        config["architectures"] = ["DFlash2DraftModel"]
+        options.update(selector_top_k=8, selector_rank=8, conv_kernel_size=3, conv_group_size=16,
+                       input_embedding_scale=1.5, output_multiplier=0.8)
     return config
 
 

@@ -4,12 +4,13 @@ The drafter's context is the target's features at every position it has verified
 returns them all) and, after each round, those of the round's last token and accepted drafts. They wait until the
 next draft, which appends them to the drafter's cache and runs the block `[last token, MASK ...]` after them in
 the same forward. Each position's q is the drafter's own distribution there (DSpark's with its Markov bias from
-the token drafted before), sampled left to right, so verification is exact at every temperature.
+the token drafted before; DFlash2's over its candidate selector's choices after that token), sampled left to
+right, so verification is exact at every temperature.
 
 With a tree width W > 1 a DFlash drafter proposes a DDTree (Algorithm 1 of its paper): the W k prefixes of highest
 probability under the block's per-position distributions, taken best-first (a prefix only after its parent),
 verified in one target forward as a token tree (its nodes are one-hot candidates: exact at every temperature).
-A DSpark drafter drafts chains: its Markov head makes each position's distribution depend on the token before.
+DSpark and DFlash2 drafters draft chains: each position's distribution depends on the token drafted before.
 In a batch (`BlockRows`) each row keeps its own context and drafts its own block, one drafter forward a row.
 """
 
@@ -98,16 +99,22 @@ class BlockDrafter:
         c = self.model.config
         anchor = mx.array(context[-1:], dtype=mx.int32)
         block = mx.concatenate([anchor, mx.full((k - c["from_anchor"],), c["mask"], dtype=mx.int32)])
-        hidden = self.model(self.embed(block)[None], self.caches, self.start)[0, 0 if c["from_anchor"] else 1:]
-        logits = self.head(hidden)
+        embedded = self.embed(block) * c["input_scale"] if c["input_scale"] != 1 else self.embed(block)
+        hidden = self.model(embedded[None], self.caches, self.start)[0, 0 if c["from_anchor"] else 1:]
+        logits = self.head(hidden) * c["output_scale"] if c["output_scale"] != 1 else self.head(hidden)
         if c["softcap"]:
             logits = mx.tanh(logits / c["softcap"]) * c["softcap"]
         if self.width > 1:
             return best_first_tree(logits, self.width * k)
         markov = self.model.markov_head if "markov_head" in self.model else None
+        selector = self.model.candidate_selector if "candidate_selector" in self.model else None
+        if selector is not None:
+            ids, unary, projected = selector.candidates(logits, hidden)
         row = iter(range(1, k))
 
         def position_logits(previous: mx.array, i: int) -> mx.array:
+            if selector is not None:
+                return selector(previous, ids[i], unary[i], projected[i], logits.shape[-1])
             return logits[i:i + 1] + (markov(previous) if markov is not None else 0)
 
         return draft_autoregressively(position_logits(anchor, 0), lambda token: position_logits(token, next(row)),

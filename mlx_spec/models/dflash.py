@@ -37,18 +37,19 @@ from ..errors import SpecError
 from . import load_exactly, read_safetensors
 
 MARKERS = {  # variants recognised by their config, not read yet, and what marks them
-    "DFlash2 (a candidate selector and grouped convolutions)": ("selector_top_k", "conv_kernel_size"),
     "DFly (per-layer fusion weights)": ("layer_fusion_weights", "hidden_correction"),
 }
 
 
 def block_kind(config: dict) -> str | None:
-    """"dflash" or "dspark" when config.json describes a block drafter (None: it does not)."""
+    """"dflash", "dflash2" or "dspark" when config.json describes a block drafter (None: it does not)."""
     options = config.get("dflash_config") or {}
     names = " ".join([str(config.get("model_type", "")), *(config.get("architectures") or []),
                       str(config.get("speculators_model_type", ""))]).lower()
     if "dspark" in names or options.get("projector_type") == "dspark" or "markov_rank" in options:
         return "dspark"
+    if "dflash2" in names or "selector_top_k" in options:
+        return "dflash2"
     if "dflash" in names or "pard" in names or "dflash_config" in config:
         return "dflash"
     return None
@@ -60,8 +61,8 @@ def read_config(config: dict, path: Path) -> dict:
     for variant, keys in MARKERS.items():
         if any(key in options or key in config for key in keys) or variant.split()[0].lower() in str(
                 config.get("architectures")).lower():
-            raise SpecError(f"{path} is a {variant} drafter, which mlx-spec does not read yet: use a DFlash or "
-                            "DSpark drafter")
+            raise SpecError(f"{path} is a {variant} drafter, which mlx-spec does not read yet: use a DFlash, "
+                            "DFlash2 or DSpark drafter")
     if config.get("speculators_model_type") or "pard" in str(config.get("architectures")).lower():
         raise SpecError(f"{path} is in a layout mlx-spec does not read yet (speculators' or PARD's): use the z-lab "
                         "or DeepSpec Hugging Face release of the drafter")
@@ -98,7 +99,10 @@ def read_config(config: dict, path: Path) -> dict:
                     flat["num_hidden_layers"]],
         "window": flat.get("sliding_window") or flat.get("swa_window_size"), "causal": bool(flat.get("causal")),
         "from_anchor": from_anchor, "markov_rank": flat.get("markov_rank") if kind == "dspark" else None,
-        "softcap": flat.get("final_logit_softcapping"),
+        "softcap": flat.get("final_logit_softcapping"), "input_scale": flat.get("input_embedding_scale") or 1.0,
+        "output_scale": flat.get("output_multiplier") or 1.0,
+        "conv": (flat["conv_kernel_size"], flat["conv_group_size"]) if kind == "dflash2" else None,
+        "selector": (flat["selector_rank"], flat["selector_top_k"]) if kind == "dflash2" else None,
     }
 
 
@@ -151,16 +155,52 @@ class MLP(nn.Module):
         return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class DynamicConv(nn.Module):
+    """DFlash2's grouped dynamic causal convolution along the block: each position mixes itself and the K - 1
+    before it, per group of channels, with a base kernel plus one the position's input computes; `prepare` before
+    a sublayer, `finish` (with the second kernel computed then) after it."""
+
+    def __init__(self, hidden: int, kernel: int, group: int):
+        super().__init__()
+        self.kernel, self.group = kernel, group
+        self.base_kernel = mx.zeros((2, kernel, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * kernel * (hidden // group), bias=False)
+
+    def mix(self, x: mx.array, dynamic: mx.array, base: mx.array) -> mx.array:
+        """x (B, n, H); dynamic (B, n, K, G); base (K, H): sum over offsets o of (base[o] + dynamic[o]) x[t - o]."""
+        b, n, h = x.shape
+        groups = x.reshape(b, n, h // self.group, self.group)
+        out = mx.zeros_like(groups)
+        for o in range(self.kernel):
+            shifted = mx.pad(groups[:, :n - o], [(0, 0), (o, 0), (0, 0), (0, 0)]) if o else groups
+            out = out + (base[o].reshape(h // self.group, self.group) + dynamic[:, :, o, :, None]) * shifted
+        return out.reshape(b, n, h)
+
+    def prepare(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        dynamic = self.kernel_projection(x).reshape(*x.shape[:2], 2, self.kernel, -1)
+        return self.mix(x, dynamic[:, :, 0], self.base_kernel[0]), dynamic[:, :, 1]
+
+    def finish(self, x: mx.array, dynamic: mx.array) -> mx.array:
+        return self.mix(x, dynamic, self.base_kernel[1])
+
+
 class BlockLayer(nn.Module):
     def __init__(self, c: dict, sliding: bool):
         super().__init__()
         self.self_attn, self.mlp = BlockAttention(c, sliding), MLP(c["hidden_size"], c["intermediate_size"])
         self.input_layernorm = nn.RMSNorm(c["hidden_size"], eps=c["eps"])
         self.post_attention_layernorm = nn.RMSNorm(c["hidden_size"], eps=c["eps"])
+        if c["conv"]:
+            self.attention_conv, self.mlp_conv = (DynamicConv(c["hidden_size"], *c["conv"]) for _ in range(2))
 
     def __call__(self, x, rope, cache, at: int):
-        h = x + self.self_attn(self.input_layernorm(x), rope, cache, at)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        if "attention_conv" not in self:
+            h = x + self.self_attn(self.input_layernorm(x), rope, cache, at)
+            return h + self.mlp(self.post_attention_layernorm(h))
+        mixed, kernel = self.attention_conv.prepare(self.input_layernorm(x))
+        h = x + self.attention_conv.finish(self.self_attn(mixed, rope, cache, at), kernel)
+        mixed, kernel = self.mlp_conv.prepare(self.post_attention_layernorm(h))
+        return h + self.mlp_conv.finish(self.mlp(mixed), kernel)
 
 
 class Markov(nn.Module):
@@ -171,6 +211,31 @@ class Markov(nn.Module):
     def __call__(self, previous: mx.array) -> mx.array:
         """The bias (n, V) on the logits of the positions after the tokens `previous` (n,)."""
         return self.markov_w2(self.markov_w1(previous))
+
+
+class CandidateSelector(nn.Module):
+    """DFlash2's draft distribution at a position: over the `top` tokens the block's logits rank highest there,
+    their logit plus a low-rank edge score <predecessor code, projected hidden state, successor code>, the
+    predecessor being the token drafted before (the anchor before the first)."""
+
+    def __init__(self, vocab: int, hidden: int, rank: int, top: int):
+        super().__init__()
+        self.top = top
+        self.predecessor_codebook, self.successor_codebook = nn.Embedding(vocab, rank), nn.Embedding(vocab, rank)
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+
+    def candidates(self, logits: mx.array, hidden: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """(candidate ids (n, top), their logits, the projected hidden states (n, rank)) for a block's n positions."""
+        ids = mx.argpartition(logits, -self.top, axis=-1)[:, -self.top:]
+        return ids, mx.take_along_axis(logits, ids, axis=-1), self.hidden_projection(hidden)
+
+    def __call__(self, previous: mx.array, ids: mx.array, unary: mx.array, projected: mx.array,
+                 vocab: int) -> mx.array:
+        """Logits (1, V) at one position after the token `previous` (1,): -inf outside its candidates."""
+        edges = (self.predecessor_codebook(previous) * projected * self.successor_codebook(ids)).sum(axis=-1)
+        logits = mx.full((1, vocab), -mx.inf, dtype=unary.dtype)
+        logits[0, ids] = unary + edges
+        return logits
 
 
 class BlockDrafterModel(nn.Module):
@@ -184,6 +249,8 @@ class BlockDrafterModel(nn.Module):
                                 c["max_positions"])
         if c["markov_rank"]:
             self.markov_head = Markov(c["vocab_size"], c["markov_rank"])
+        if c["selector"]:
+            self.candidate_selector = CandidateSelector(c["vocab_size"], h, *c["selector"])
         if own_embedding:
             self.embed_tokens = nn.Embedding(c["vocab_size"], h)
         if own_head:
@@ -218,6 +285,7 @@ def load_block_drafter(path: Path, config: dict) -> BlockDrafterModel:
     """The DFlash / DSpark drafter in `path` (`config`: its config.json)."""
     c = read_config(config, path)
     weights = {k.removeprefix("model."): v for k, v in read_safetensors(path, "a block drafter").items()}
+    weights = {k + ".weight" if k.endswith("_codebook") else k: v for k, v in weights.items()}  # DFlash2's
     weights = {k: v for k, v in weights.items() if not k.startswith("confidence_head.")}
     model = BlockDrafterModel(c, "embed_tokens.weight" in weights, "lm_head.weight" in weights)
     if quantization := config.get("quantization"):
