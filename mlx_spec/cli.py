@@ -51,7 +51,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
     add("--model", help="model directory, models.toml name or hub id (default: built-in demo)")
     add("--draft-model", help="what to draft with: a smaller model of the same vocabulary, a Gemma 4 assistant, "
-                              "Medusa or EAGLE-3 heads, or a DFlash / DSpark block drafter")
+                              "Medusa or EAGLE-3 heads, or a DFlash / DFlash2 / DSpark block drafter")
     add("--mtp-path", help="an MTP head `mlx-spec train-mtp` trained for --model: the mtp drafter")
     add("--drafter", choices=list(DRAFTERS),
         help="; ".join(f"{k.name}: {k.help}" for k in DRAFTERS.values()) + f" (default: {DEFAULT_ORDER})")

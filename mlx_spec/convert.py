@@ -191,7 +191,7 @@ def convert_eagle3(source: Path, out: Path, quantize: bool, q_bits: int, q_group
 
 def convert_block_drafter(source: Path, out: Path, quantize: bool, q_bits: int, q_group_size: int,
                           dtype: str | None) -> None:
-    """A DFlash / DSpark drafter (mlx-lm cannot load one): floats cast, linear maps quantized where the group size
+    """A block drafter (mlx-lm cannot load one): floats cast, linear maps quantized where the group size
     divides them; its config keeps the publisher's form with the quantization added."""
     config = json.loads((source / "config.json").read_text())
     drafter = load_block_drafter(source, config)

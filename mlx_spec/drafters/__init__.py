@@ -26,7 +26,7 @@ DRAFTERS = {kind.name: kind for kind in [
     DrafterKind("mtp", "the checkpoint's own multi-token prediction layer (Qwen 3.5 / 3.6, Qwen3-Next; the nextn "
                        "layer of DeepSeek-V3 and GLM-4.5+)", 3),
     DrafterKind("draft-model", "a smaller model of the same vocabulary, a Gemma 4 assistant, Medusa or EAGLE-3 "
-                               "heads, or a DFlash / DSpark block drafter (--draft-model)", 6),
+                               "heads, or a DFlash / DFlash2 / DSpark block drafter (--draft-model)", 6),
     DrafterKind("ngram", "prompt lookup: continue as the prompt or output continued before; no extra memory", 6),
     DrafterKind("lookahead", "lookahead decoding: Jacobi trajectories run beside each verification fill an n-gram "
                              "pool; no extra weights (targets that verify token trees)", 4),

@@ -1,5 +1,6 @@
-"""Block drafters: DFlash (z-lab, arXiv 2602.06036) and DSpark (DeepSpec, arXiv 2607.05147), in the Hugging Face
-layouts their publishers write (z-lab's `DFlashDraftModel`, DeepSpec's DSpark: a DFlash backbone plus a Markov head).
+"""Block drafters: DFlash (z-lab, arXiv 2602.06036), DFlash2 (Inco) and DSpark (DeepSpec, arXiv 2607.05147), in the
+Hugging Face layouts their publishers write (z-lab's `DFlashDraftModel`; DFlash2 and DSpark: a DFlash backbone
+plus a candidate selector and convolutions, or a Markov head).
 
 One forward drafts a whole block from the target's hidden states:
 
@@ -16,6 +17,11 @@ DFlash drafts from the block's positions 1 .. n - 1. DSpark drafts from position
 `markov_w2(markov_w1(the token drafted just before))` (the anchor before the first), so its drafts are sampled
 left to right; its confidence head (a per-position acceptance estimate) is read but not used yet. After each
 round only the verified positions' target features become context: the cache never keeps block K/V.
+
+DFlash2 wraps each layer's attention and MLP in grouped dynamic causal convolutions along the block, scales the
+block's embeddings (`input_embedding_scale`) and logits (`output_multiplier`), and drafts position i from its
+`selector_top_k` highest logits, each scored logit + <predecessor code of the token drafted before, projected
+hidden state, successor code> (`candidate_selector.*`), left to right as DSpark.
 
 config.json: the Qwen3 fields (`rope_parameters` or `rope_theta` / `rope_scaling`, nulls allowed), `block_size`,
 `num_target_layers`, `dflash_config.{target_layer_ids, mask_token_id}` (DSpark: also `markov_rank`,
@@ -282,7 +288,7 @@ def quantize(model: BlockDrafterModel, group_size: int, bits: int) -> None:
 
 
 def load_block_drafter(path: Path, config: dict) -> BlockDrafterModel:
-    """The DFlash / DSpark drafter in `path` (`config`: its config.json)."""
+    """The block drafter in `path` (`config`: its config.json)."""
     c = read_config(config, path)
     weights = {k.removeprefix("model."): v for k, v in read_safetensors(path, "a block drafter").items()}
     weights = {k + ".weight" if k.endswith("_codebook") else k: v for k, v in weights.items()}  # DFlash2's
