@@ -24,10 +24,16 @@ class Draft:
     candidates: list[bool] | None = None  # per node, whether it may be accepted (None: every node)
     depth: int | None = None  # the draft length the round counts as (None: the tree's depth)
     ends: list[int] | None = None  # `from_paths`: the node each path ends at (-1: an empty path)
+    confidence: mx.array | None = None  # a chain's: the drafter's estimate of each position's acceptance (k,)
 
     @classmethod
     def empty(cls) -> "Draft":
         return cls(mx.zeros((0,), dtype=mx.int32))
+
+    def first(self, k: int) -> "Draft":
+        """A chain's first k drafts."""
+        return Draft(self.tokens[:k], None if self.q is None else self.q[:k],
+                     confidence=None if self.confidence is None else self.confidence[:k])
 
     @classmethod
     def from_paths(cls, paths: list[list[int]], tree: bool = False) -> "Draft":

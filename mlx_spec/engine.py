@@ -289,6 +289,8 @@ class Engine:
         draft_key, verify_key = mx.random.split(key)
         start = time.perf_counter()
         draft = self.drafter.propose(context, draft_len, params, draft_key) if draft_len else Draft.empty()
+        if draft.confidence is not None and hasattr(self.policy, "cut"):  # the drafter's own estimates shorten it
+            draft = draft.first(self.policy.cut(draft.confidence.tolist()))
         draft_len = draft.tokens.shape[0]
         if seconds is not None:
             mx.eval(draft.tokens)

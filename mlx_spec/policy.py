@@ -6,9 +6,11 @@ from what this run has measured, per shape: the acceptance at each draft positio
 T(k) = T(0) (1 + fixed + slope * k), both learnt in plain steps (fixed: what a drafting round costs whatever its
 length, such as a block drafter's one forward, fitted once a second length was timed), so that a machine that
 slows down or speeds up as a whole (other work on its cores) does not move break-even while drafting is off. It
-turns drafting off (k = 0, plain decoding) when no length beats plain decoding, and probes with a short draft now and then so it turns back
-on when the text becomes predictable again or drafts turn out cheaper than measured (a probe is two rounds: the
-first, resuming, says nothing of the cost; the second's counts for half). Its `note` says what it decided and why.
+turns drafting off (k = 0, plain decoding) when no length beats plain decoding, and probes with a short draft now
+and then so it turns back on when the text becomes predictable again or drafts turn out cheaper than measured (a
+probe is two rounds: the first, resuming, says nothing of the cost; the second's counts for half). Its `note`
+says what it decided and why. A drafter that estimates each draft's acceptance (DSpark's confidence head) has its
+chain cut to the most profitable length under the same costs (`cut`).
 """
 
 from __future__ import annotations
@@ -151,6 +153,19 @@ class AdaptiveDraftLength:
         """The (draft length, width) expected to make the most tokens per second (every shape's cost measured)."""
         rates = {(k, w): shape.expected_tokens(k) / shape.cost(k)
                  for w, shape in self.shapes.items() for k in range(self.max_len + 1)}
+        return max(rates, key=rates.__getitem__)
+
+    def cut(self, confidence: list[float]) -> int:
+        """How many of a chain's drafts to verify, given the drafter's estimate of each one's acceptance: the
+        number (at least one) with the most expected tokens per round time under this run's costs."""
+        chain = self.shapes[min(self.shapes)]
+        if chain.slope is None:
+            return len(confidence)
+        rates, expected, passed = {}, 1.0, 1.0
+        for k, chance in enumerate(confidence, 1):
+            passed *= chance
+            expected += passed
+            rates[k] = expected / chain.cost(k)
         return max(rates, key=rates.__getitem__)
 
     def drafts_at(self, rows: int = 1) -> bool:

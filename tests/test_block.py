@@ -1,7 +1,8 @@
 """Block drafters (DFlash, DFlash2, DSpark): each round's draft distributions equal the reference
 implementation's (mlx-vlm 0.7.10's DFlash / DFlash2 / DSpark models) on identical weights and independently
-computed target features, on dense and hybrid targets; one-line refusals for drafters that cannot serve. Exact decoding with them is in
-test_lossless.py, sampled output and acceptance in test_sampling.py and test_acceptance.py."""
+computed target features, on dense and hybrid targets; one-line refusals for drafters that cannot serve. Exact
+decoding with them is in test_lossless.py, sampled output and acceptance in test_sampling.py and
+test_acceptance.py."""
 
 import json
 import shutil
@@ -9,7 +10,7 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, assert_one_line_error, converted_q8, loaded, plain_greedy, run_cli
+from helpers import PROMPT, ModelledCostPolicy, assert_one_line_error, converted_q8, loaded, plain_greedy, run_cli
 from tiny_block import layer_outputs, random_block_drafter
 
 import mlx_spec
@@ -35,10 +36,10 @@ def reference(path, target_model):
     return model, config
 
 
-def reference_distributions(model, config, anchor: int, drafted: list[int], features, cache) -> np.ndarray:
+def reference_distributions(model, config, anchor: int, drafted: list[int], features, cache):
     """The reference's distribution at each of the block's draft positions (T = 1) after new context `features`,
     each DSpark / DFlash2 position's after the token drafted before it (the anchor before the first): DFlash2's over
-    its selector's candidates, scored as its `select` scores them."""
+    its selector's candidates, scored as its `select` scores them; and DSpark's confidences (None without)."""
     options = config["dflash_config"]
     dspark, k = "markov_rank" in options, len(drafted)
     block = mx.array([[anchor] + [options["mask_token_id"]] * (k - dspark)])  # DSpark: samples from the anchor
@@ -46,9 +47,12 @@ def reference_distributions(model, config, anchor: int, drafted: list[int], feat
     hidden = hidden if dspark else hidden[:, 1:]
     logits = model._logits(hidden)[0]
     previous = mx.array([anchor, *drafted[:-1]])
+    confidence = None
     if dspark:
         logits = mx.concatenate([model.markov_head.apply_step_logits(logits[i:i + 1], previous[i:i + 1])
                                  for i in range(k)])
+        if model.confidence_head is not None:
+            confidence = np.array(model.confidence(hidden, mx.array([anchor]), mx.array([drafted]))[0])
     if "selector_top_k" in options:
         selector = model.candidate_selector
         candidates = mx.argpartition(logits, -selector.top_k, axis=-1)[:, -selector.top_k:]
@@ -60,11 +64,12 @@ def reference_distributions(model, config, anchor: int, drafted: list[int], feat
             row = np.zeros(logits.shape[-1], dtype=np.float32)
             row[np.array(candidates[i])] = np.array(mx.softmax(logits[i, candidates[i]] + edges, axis=-1))
             rows.append(row)
-        return np.stack(rows)
-    return np.array(mx.softmax(logits, axis=-1))
+        return np.stack(rows), None
+    return np.array(mx.softmax(logits, axis=-1)), confidence
 
 
-CASES = [("qwen3", {}), ("qwen3_5", {}), ("qwen3", {"kind": "dspark"}), ("qwen3_5", {"kind": "dspark"}),
+CASES = [("qwen3", {}), ("qwen3_5", {}), ("qwen3", {"kind": "dspark", "confidence": True}),
+         ("qwen3_5", {"kind": "dspark"}),
          ("qwen3", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6, "causal": True}),
          ("llama", {}), ("qwen3_5_moe", {"kind": "dspark"}), ("qwen3_next", {}), ("qwen3", {"kind": "dflash2"}),
          ("qwen3_5", {"kind": "dflash2"})]
@@ -87,8 +92,11 @@ def test_draft_distributions_equal_the_reference_round_after_round(tiny, tmp_pat
         features = layer_outputs(loaded(str(tiny[family]))[0], context[:-1],
                                  config["dflash_config"]["target_layer_ids"])[0][fed:]
         fed = len(context) - 1
-        expected = reference_distributions(model, config, context[-1], draft.tokens.tolist(), features, cache)
+        expected, confidence = reference_distributions(model, config, context[-1], draft.tokens.tolist(), features,
+                                                       cache)
         np.testing.assert_allclose(np.array(draft.q), expected, atol=2e-6)
+        if confidence is not None or draft.confidence is not None:
+            np.testing.assert_allclose(np.array(draft.confidence), confidence, atol=1e-6)
         step = target.forward(mx.concatenate([mx.array(context[-1:]), draft.tokens]))
         target.rollback(3 - kept)
         context = context + draft.tokens.tolist()[:kept] + [int(mx.argmax(step.logits[kept]).item())]
@@ -104,6 +112,37 @@ def test_greedy_equals_plain_decoding_on_every_family(tiny, tmp_path, family):
     ids = engine.encode(PROMPT)
     result = engine.generate(ids, max_tokens=40)
     assert result.tokens == plain_greedy(tiny[family], ids, 40) and result.stats.drafted > 0
+
+
+class Chosen(ModelledCostPolicy):
+    """The adaptive policy on a modelled cost (a plain step 1, each draft 0.1), keeping the lengths it chose."""
+
+    def __init__(self, max_len):
+        super().__init__(max_len, per_draft=0.1)
+        self.chosen = []
+
+    def next_draft_len(self, remaining):
+        self.chosen.append(super().next_draft_len(remaining))
+        return self.chosen[-1]
+
+
+@pytest.mark.parametrize("bias,longest", [(-6.0, 1), (6.0, 5)])
+def test_dspark_confidence_cuts_blocks_short_and_decoding_stays_exact(tiny, tmp_path, bias, longest):
+    """A confidence head that expects every draft rejected (sigmoid(-6) = 0.25%) leaves one draft a round, however
+    many the policy chose; one that expects them all accepted leaves the policy's length. Greedy output is the
+    target's own either way."""
+    path = random_block_drafter(tmp_path / "drafter", tiny["qwen3"], kind="dspark", block_size=6, confidence=True)
+    weights = dict(mx.load(str(path / "model.safetensors")))
+    weights["confidence_head.proj.weight"] = mx.zeros_like(weights["confidence_head.proj.weight"])
+    weights["confidence_head.proj.bias"] = mx.full((1,), bias)
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(path))
+    engine.next_policy = policy = Chosen(engine.max_draft_len)
+    ids = engine.encode(PROMPT)
+    events = list(mlx_spec.stream(engine, ids, max_tokens=40))
+    assert events[-1].tokens == plain_greedy(tiny["qwen3"], ids, 40)
+    drafted = [e.draft_len for e in events if isinstance(e, mlx_spec.Round)]
+    assert max(policy.chosen) > 1 and max(drafted) == min(longest, max(policy.chosen))
 
 
 def test_status_names_the_block_drafter_and_its_shape(tiny, tmp_path):

@@ -14,7 +14,8 @@ import numpy as np
 
 def block_config(target_config: dict, kind: str = "dflash", layers: int = 2, block_size: int = 4,
                  target_layer_ids: list[int] | None = None, layer_types: list[str] | None = None,
-                 sliding_window: int | None = None, causal: bool = False, markov_rank: int = 16) -> dict:
+                 sliding_window: int | None = None, causal: bool = False, markov_rank: int = 16,
+                 confidence: bool = False) -> dict:
     """The config.json z-lab (DFlash), Inco (DFlash2) or DeepSpec (DSpark: `block_size` counts the drafts)
     write, sized for `target_config`, with the null and missing fields their releases have and `rope_parameters`."""
     text = target_config.get("text_config", target_config)
@@ -36,6 +37,8 @@ def block_config(target_config: dict, kind: str = "dflash", layers: int = 2, blo
         config["layer_types"] = layer_types
     if kind == "dspark":
         options.update(projector_type="dspark", markov_rank=markov_rank, block_size=block_size - 1)
+        if confidence:
+            options.update(enable_confidence_head=True, confidence_head_with_markov=True)
     else:
         config["block_size"] = block_size
     if kind == "dflash2":  # Inco's DFlash2: a candidate selector, grouped dynamic convolutions, scales

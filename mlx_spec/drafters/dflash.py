@@ -117,8 +117,12 @@ class BlockDrafter:
                 return selector(previous, ids[i], unary[i], projected[i], logits.shape[-1])
             return logits[i:i + 1] + (markov(previous) if markov is not None else 0)
 
-        return draft_autoregressively(position_logits(anchor, 0), lambda token: position_logits(token, next(row)),
-                                      k, params, context, key)
+        draft = draft_autoregressively(position_logits(anchor, 0), lambda token: position_logits(token, next(row)),
+                                       k, params, context, key)
+        if "confidence_head" in self.model:  # DSpark: each position's chance of acceptance, for the policy's cut
+            previous = mx.concatenate([anchor, draft.tokens[:-1]])
+            draft.confidence = self.model.confidence_head(hidden, markov.markov_w1(previous))
+        return draft
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         self.pending.append(step.hidden)  # the round's last token and accepted drafts

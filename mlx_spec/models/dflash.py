@@ -15,7 +15,8 @@ One forward drafts a whole block from the target's hidden states:
 DFlash drafts from the block's positions 1 .. n - 1. DSpark drafts from positions 0 .. n - 1 when
 `sample_from_anchor` (its default) and adds a low-rank Markov bias to each position's logits,
 `markov_w2(markov_w1(the token drafted just before))` (the anchor before the first), so its drafts are sampled
-left to right; its confidence head (a per-position acceptance estimate) is read but not used yet. After each
+left to right; its confidence head, sigmoid(proj([hidden state; markov_w1(token before)])), estimates each
+position's acceptance, from which the adaptive policy cuts the block short (`AdaptiveDraftLength.cut`). After each
 round only the verified positions' target features become context: the cache never keeps block K/V.
 
 DFlash2 wraps each layer's attention and MLP in grouped dynamic causal convolutions along the block, scales the
@@ -27,7 +28,8 @@ config.json: the Qwen3 fields (`rope_parameters` or `rope_theta` / `rope_scaling
 `num_target_layers`, `dflash_config.{target_layer_ids, mask_token_id}` (DSpark: also `markov_rank`,
 `projector_type` "dspark", `sample_from_anchor`, `block_size` counting the drafts only unless
 `dspark_bonus_anchor`), optional `layer_types` / `sliding_window`. Weights: `fc.weight`, `hidden_norm.weight`,
-`layers.N.*`, `norm.weight`, DSpark's `markov_head.markov_w{1,2}.weight` (and `confidence_head.proj.*`), an own
+`layers.N.*`, `norm.weight`, DSpark's `markov_head.markov_w{1,2}.weight` (and `confidence_head.proj.*` with
+`enable_confidence_head`), an own
 `embed_tokens` / `lm_head` when present; a `model.` prefix is dropped.
 """
 
@@ -109,6 +111,8 @@ def read_config(config: dict, path: Path) -> dict:
         "output_scale": flat.get("output_multiplier") or 1.0,
         "conv": (flat["conv_kernel_size"], flat["conv_group_size"]) if kind == "dflash2" else None,
         "selector": (flat["selector_rank"], flat["selector_top_k"]) if kind == "dflash2" else None,
+        "confidence": (kind == "dspark" and bool(flat.get("enable_confidence_head")),
+                       flat.get("confidence_head_with_markov", True)),
     }
 
 
@@ -244,6 +248,20 @@ class CandidateSelector(nn.Module):
         return logits
 
 
+class Confidence(nn.Module):
+    """DSpark's estimate of each draft position's acceptance from its hidden state (and the Markov code of the
+    token drafted before it)."""
+
+    def __init__(self, hidden: int, rank: int, with_markov: bool):
+        super().__init__()
+        self.with_markov = with_markov
+        self.proj = nn.Linear(hidden + (rank if with_markov else 0), 1)
+
+    def __call__(self, hidden: mx.array, previous_codes: mx.array) -> mx.array:
+        features = mx.concatenate([hidden, previous_codes], axis=-1) if self.with_markov else hidden
+        return mx.sigmoid(self.proj(features)[..., 0].astype(mx.float32))
+
+
 class BlockDrafterModel(nn.Module):
     def __init__(self, c: dict, own_embedding: bool, own_head: bool):
         super().__init__()
@@ -255,6 +273,8 @@ class BlockDrafterModel(nn.Module):
                                 c["max_positions"])
         if c["markov_rank"]:
             self.markov_head = Markov(c["vocab_size"], c["markov_rank"])
+        if c["confidence"][0]:
+            self.confidence_head = Confidence(h, c["markov_rank"], c["confidence"][1])
         if c["selector"]:
             self.candidate_selector = CandidateSelector(c["vocab_size"], h, *c["selector"])
         if own_embedding:
@@ -292,7 +312,6 @@ def load_block_drafter(path: Path, config: dict) -> BlockDrafterModel:
     c = read_config(config, path)
     weights = {k.removeprefix("model."): v for k, v in read_safetensors(path, "a block drafter").items()}
     weights = {k + ".weight" if k.endswith("_codebook") else k: v for k, v in weights.items()}  # DFlash2's
-    weights = {k: v for k, v in weights.items() if not k.startswith("confidence_head.")}
     model = BlockDrafterModel(c, "embed_tokens.weight" in weights, "lm_head.weight" in weights)
     if quantization := config.get("quantization"):
         quantize(model, quantization["group_size"], quantization["bits"])
