@@ -149,21 +149,27 @@ def staging(out: Path, what: str):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def convert_assistant(source: Path, out: Path, quantize: bool, q_bits: int, q_group_size: int,
-                      dtype: str | None) -> None:
-    """A Gemma 4 assistant (mlx-lm cannot load one): floats cast, everything but the centroids quantized; the
-    token ordering stays integer."""
-    config = json.loads((source / "config.json").read_text())
-    assistant = load_assistant(source)
-    if dtype := dtype or checkpoint_dtype(config):
-        assistant.set_dtype(getattr(mx, dtype))  # floating parameters only
+def write_converted(module, config: dict, out: Path, dtype: str | None, quantize, q_bits: int, q_group_size: int,
+                    extra: dict = {}) -> None:
+    """A drafter mlx-lm cannot load, written in MLX form: floats cast to `dtype` (default: what its config
+    declares), `quantize(module, group_size, bits)` applied when given (the config records it), its tensors and
+    `extra` ones in model.safetensors beside its config.json."""
+    if dtype := dtype or checkpoint_dtype(config) or checkpoint_dtype(config.get("transformer_layer_config", {})):
+        module.set_dtype(getattr(mx, dtype))  # floating parameters only
     if quantize:
-        quantize_assistant(assistant, q_group_size, q_bits)
+        quantize(module, q_group_size, q_bits)
         config["quantization"] = {"group_size": q_group_size, "bits": q_bits}
     out.mkdir(parents=True)
-    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(assistant.parameters())),
+    mx.save_safetensors(str(out / "model.safetensors"), {**dict(tree_flatten(module.parameters())), **extra},
                         metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=4))
+
+
+def convert_assistant(source: Path, out: Path, quantize: bool, q_bits: int, q_group_size: int,
+                      dtype: str | None) -> None:
+    """A Gemma 4 assistant: everything but the centroids quantized; the token ordering stays integer."""
+    write_converted(load_assistant(source), json.loads((source / "config.json").read_text()), out, dtype,
+                    quantize and quantize_assistant, q_bits, q_group_size)
     for extra in [*source.glob("*.json"), *source.glob("tokenizer.model"), *source.glob("*.jinja")]:
         if extra.name not in ("config.json", INDEX_FILE):
             shutil.copy(extra, out / extra.name)
@@ -172,38 +178,23 @@ def convert_assistant(source: Path, out: Path, quantize: bool, q_bits: int, q_gr
 
 def convert_eagle3(source: Path, out: Path, quantize: bool, q_bits: int, q_group_size: int,
                    dtype: str | None) -> None:
-    """An EAGLE-3 head (mlx-lm cannot load one): floats cast, layers quantized; the d2t / t2d maps kept as they
-    are; its config keeps its own form (EAGLE or speculators) with the quantization added."""
+    """An EAGLE-3 head: layers quantized; the d2t / t2d maps kept as they are; its config keeps its own form (EAGLE
+    or speculators) with the quantization added."""
     config = json.loads((source / "config.json").read_text())
-    head = load_eagle3(source, config)
-    if dtype := dtype or checkpoint_dtype(config) or checkpoint_dtype(config.get("transformer_layer_config", {})):
-        head.set_dtype(getattr(mx, dtype))
-    if quantize:
-        nn.quantize(head, group_size=q_group_size, bits=q_bits)
-        config["quantization"] = {"group_size": q_group_size, "bits": q_bits}
     maps = {k: v for k, v in read_safetensors(source, "an EAGLE-3 head").items() if k in ("d2t", "t2d")}
-    out.mkdir(parents=True)
-    mx.save_safetensors(str(out / "model.safetensors"), {**dict(tree_flatten(head.parameters())), **maps},
-                        metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps(config, indent=4))
+    write_converted(load_eagle3(source, config), config, out, dtype,
+                    quantize and (lambda head, group, bits: nn.quantize(head, group_size=group, bits=bits)), q_bits,
+                    q_group_size, maps)
     print(f"[INFO] Converted the EAGLE-3 head{f' ({q_bits}-bit)' if quantize else ''}")
 
 
 def convert_block_drafter(source: Path, out: Path, quantize: bool, q_bits: int, q_group_size: int,
                           dtype: str | None) -> None:
-    """A block drafter (mlx-lm cannot load one): floats cast, linear maps quantized where the group size
-    divides them; its config keeps the publisher's form with the quantization added."""
+    """A block drafter: linear maps quantized where the group size divides them; its config keeps the publisher's
+    form with the quantization added."""
     config = json.loads((source / "config.json").read_text())
     drafter = load_block_drafter(source, config)
-    if dtype := dtype or checkpoint_dtype(config):
-        drafter.set_dtype(getattr(mx, dtype))
-    if quantize:
-        quantize_block_drafter(drafter, q_group_size, q_bits)
-        config["quantization"] = {"group_size": q_group_size, "bits": q_bits}
-    out.mkdir(parents=True)
-    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(drafter.parameters())),
-                        metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps(config, indent=4))
+    write_converted(drafter, config, out, dtype, quantize and quantize_block_drafter, q_bits, q_group_size)
     print(f"[INFO] Converted the {drafter.config['kind']} drafter{f' ({q_bits}-bit)' if quantize else ''}")
 
 

@@ -86,7 +86,7 @@ class RowDrafters:
         all but its last token, for drafters that read them; not `ready`: drafting does not pay at this batch size
         yet, so a drafter may put off its work on the prompt until the row first drafts)."""
         self.rows.append(self.make())
-        self.rows[-1].begin(context, Step(None))
+        self.rows[-1].begin(context, Step(None, hidden))
 
     def select(self, rows: list[int]) -> None:
         self.rows = [self.rows[i] for i in rows]
@@ -97,8 +97,9 @@ class RowDrafters:
                 for drafter, context, k, p, key in zip(self.rows, contexts, lengths, params, keys)]
 
     def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None) -> None:
-        for drafter, context, count in zip(self.rows, contexts, accepted):
-            drafter.accept(context, count, Step(None))
+        """`hidden` (B, n, H): the target's states over the round's inputs, for drafters that read them."""
+        for row, (drafter, context, count) in enumerate(zip(self.rows, contexts, accepted)):
+            drafter.accept(context, count, Step(None, None if hidden is None else hidden[row, :count + 1]))
 
 
 class LastHiddenRows:

@@ -11,7 +11,7 @@ With a tree width W > 1 a DFlash drafter proposes a DDTree (Algorithm 1 of its p
 probability under the block's per-position distributions, taken best-first (a prefix only after its parent),
 verified in one target forward as a token tree (its nodes are one-hot candidates: exact at every temperature).
 DSpark and DFlash2 drafters draft chains: each position's distribution depends on the token drafted before.
-In a batch (`BlockRows`) each row keeps its own context and drafts its own block, one drafter forward a row.
+In a batch (`RowDrafters`) each row keeps its own context and drafts its own block, one drafter forward a row.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .. import compat
 from ..models.dflash import BlockDrafterModel
 from ..sampling import SamplingParams
 from ..target import PREFILL_CHUNK, Step
-from . import Draft, draft_autoregressively
+from . import Draft, RowDrafters, draft_autoregressively
 
 
 def best_first_tree(logits: mx.array, budget: int) -> Draft:
@@ -63,9 +63,9 @@ class BlockDrafter:
         self.head = model.lm_head if "lm_head" in model else compat.output_head(target_model)
         self.caches, self.pending, self.start = model.make_cache(), [], 0  # start: the next feature's position
 
-    def batched(self, target_batch) -> "BlockRows":
-        """Drafting for a batch: each row's own block, chains."""
-        return BlockRows(self, self.target_model)
+    def batched(self, target_batch) -> RowDrafters:
+        """Drafting for a batch: each row its own drafter (its context, the weights shared), chains."""
+        return RowDrafters(self.name, lambda: BlockDrafter(self.model, self.target_model))
 
     def covered(self) -> int:
         """The positions whose features the drafter holds or has waiting."""
@@ -127,29 +127,3 @@ class BlockDrafter:
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         self.pending.append(step.hidden)  # the round's last token and accepted drafts
 
-
-class BlockRows:
-    """A block drafter drafting for a batch (`BatchedDecoder`): one `BlockDrafter` per row (its own context, the
-    weights shared), each proposing on its own as alone; the decoder hands over the target's hidden states."""
-
-    def __init__(self, drafter: BlockDrafter, target_model):
-        self.name, self.rows = drafter.name, []
-        self.make = lambda: BlockDrafter(drafter.model, target_model)
-
-    def join(self, context: list[int], hidden: mx.array | None, ready: bool = True) -> None:
-        """A row whose prompt is `context`; `hidden`: the target's features over all but its last token (None: the
-        row's context starts at the positions it decodes)."""
-        self.rows.append(self.make())
-        self.rows[-1].begin(context, Step(None, hidden))
-
-    def select(self, rows: list[int]) -> None:
-        self.rows = [self.rows[i] for i in rows]
-
-    def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
-                keys: list[mx.array]) -> list[Draft]:
-        return [drafter.propose(context, k, p, key) if k else Draft.empty()
-                for drafter, context, k, p, key in zip(self.rows, contexts, lengths, params, keys)]
-
-    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array) -> None:
-        for row, (drafter, context, count) in enumerate(zip(self.rows, contexts, accepted)):
-            drafter.accept(context, count, Step(None, hidden[row, :count + 1]))
