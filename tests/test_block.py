@@ -196,6 +196,8 @@ REFUSALS = [
     ("qwen3", lambda c: c["dflash_config"].pop("mask_token_id"), ("no mask token", "re-download")),
     ("qwen3", lambda c: c["dflash_config"].update(layer_fusion_weights=[[1.0] * 5]), ("DFly", "does not read")),
     ("qwen3", lambda c: c.update(speculators_model_type="dflash"), ("speculators", "z-lab")),
+    ("qwen3", lambda c: c.update(layer_types=["sliding_attention", "full_attention"]), ("sliding_window", "re-down")),
+    ("qwen3", lambda c: c.pop("block_size"), ("lacks block_size", "re-download")),
     ("qwen3", lambda c: c["dflash_config"].update(projector_type="dspark", markov_rank=8, markov_head_type="rnn"),
      ("Markov head", "vanilla")),
 ]

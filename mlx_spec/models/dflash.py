@@ -88,10 +88,20 @@ def read_config(config: dict, path: Path) -> dict:
     if flat.get("attention_sink_bias") or flat.get("projector_type") not in (None, "dflash", "dspark"):
         raise SpecError(f"{path}: attention sinks and the {flat.get('projector_type') or 'sink'} projector are not "
                         "read yet: use a plain DFlash or DSpark drafter")
+    if "sliding_attention" in (flat.get("layer_types") or []) and not (flat.get("sliding_window")
+                                                                     or flat.get("swa_window_size")):
+        raise SpecError(f"{path}: the block drafter's config has sliding-window layers but no sliding_window: "
+                        "re-download the drafter")
     rope = dict(flat.get("rope_parameters") or flat.get("rope_scaling") or {})
     theta = rope.pop("rope_theta", None) or flat.get("rope_theta") or 10000.0
     if rope.get("rope_type", rope.get("type")) in (None, "default"):
         rope = None
+    needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+              "block_size") + (("selector_rank", "selector_top_k", "conv_kernel_size", "conv_group_size")
+                               if kind == "dflash2" else ("markov_rank",) if kind == "dspark" else ())
+    missing = [key for key in needed if flat.get(key) is None]
+    if missing:
+        raise SpecError(f"{path}: the block drafter's config.json lacks {', '.join(missing)}: re-download the drafter")
     from_anchor = kind == "dspark" and flat.get("sample_from_anchor", True)
     block = flat["block_size"] + (kind == "dspark" and not flat.get("dspark_bonus_anchor", False))
     heads = flat["num_attention_heads"]
