@@ -98,7 +98,7 @@ def read_config(config: dict, path: Path) -> dict:
         rope = None
     needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
               "block_size") + (("selector_rank", "selector_top_k", "conv_kernel_size", "conv_group_size")
-                               if kind == "dflash2" else ("markov_rank",) if kind == "dspark" else ())
+                               if kind == "dflash2" else ())
     missing = [key for key in needed if flat.get(key) is None]
     if missing:
         raise SpecError(f"{path}: the block drafter's config.json lacks {', '.join(missing)}: re-download the drafter")
@@ -116,7 +116,7 @@ def read_config(config: dict, path: Path) -> dict:
         "sliding": [t == "sliding_attention" for t in flat.get("layer_types") or ["full_attention"] *
                     flat["num_hidden_layers"]],
         "window": flat.get("sliding_window") or flat.get("swa_window_size"), "causal": bool(flat.get("causal")),
-        "from_anchor": from_anchor, "markov_rank": flat.get("markov_rank") if kind == "dspark" else None,
+        "from_anchor": from_anchor, "markov_rank": (flat.get("markov_rank") or 256) if kind == "dspark" else None,
         "softcap": flat.get("final_logit_softcapping"), "input_scale": flat.get("input_embedding_scale") or 1.0,
         "output_scale": flat.get("output_multiplier") or 1.0,
         "conv": (flat["conv_kernel_size"], flat["conv_group_size"]) if kind == "dflash2" else None,
