@@ -115,23 +115,28 @@ class Chosen(ModelledCostPolicy):
         return self.chosen[-1]
 
 
-@pytest.mark.parametrize("bias,longest", [(-6.0, 1), (6.0, 5)])
+@pytest.mark.parametrize("bias,longest", [(-6.0, 1), (6.0, 3)])
 def test_dspark_confidence_cuts_blocks_short_and_decoding_stays_exact(tiny, tmp_path, bias, longest):
-    """A confidence head that expects every draft rejected (sigmoid(-6) = 0.25%) leaves one draft a round, however
-    many the policy chose; one that expects them all accepted leaves the policy's length. Greedy output is the
-    target's own either way."""
-    path = random_block_drafter(tmp_path / "drafter", tiny["qwen3"], kind="dspark", block_size=6, confidence=True)
+    """The trained DSpark drafter given a confidence head: one that expects every draft rejected (sigmoid(-6) =
+    0.25%) leaves one draft a round, however many the policy chose; one that expects them all accepted leaves the
+    policy's length. Greedy output is the target's own either way, with drafts accepted and rejected."""
+    path = shutil.copytree(tiny["qwen3_5-dspark"], tmp_path / "drafter")
+    config = json.loads((path / "config.json").read_text())
+    config["dflash_config"].update(enable_confidence_head=True, confidence_head_with_markov=True)
+    (path / "config.json").write_text(json.dumps(config))
     weights = dict(mx.load(str(path / "model.safetensors")))
-    weights["confidence_head.proj.weight"] = mx.zeros_like(weights["confidence_head.proj.weight"])
+    width = config["hidden_size"] + config["dflash_config"]["markov_rank"]
+    weights["confidence_head.proj.weight"] = mx.zeros((1, width))
     weights["confidence_head.proj.bias"] = mx.full((1,), bias)
     mx.save_safetensors(str(path / "model.safetensors"), weights)
-    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(path))
+    engine = mlx_spec.load(str(tiny["qwen3_5"]), draft_model=str(path))
     engine.next_policy = policy = Chosen(engine.max_draft_len)
     ids = engine.encode(PROMPT)
-    events = list(mlx_spec.stream(engine, ids, max_tokens=40))
-    assert events[-1].tokens == plain_greedy(tiny["qwen3"], ids, 40)
+    events = list(mlx_spec.stream(engine, ids, max_tokens=48))
+    assert events[-1].tokens == plain_greedy(tiny["qwen3_5"], ids, 48)
     drafted = [e.draft_len for e in events if isinstance(e, mlx_spec.Round)]
     assert max(policy.chosen) > 1 and max(drafted) == min(longest, max(policy.chosen))
+    assert 0 < events[-1].stats.accepted < events[-1].stats.drafted
 
 
 def test_status_names_the_block_drafter_and_its_shape(tiny, tmp_path):

@@ -32,7 +32,8 @@ def best_first_tree(logits: mx.array, budget: int) -> Draft:
     (k, V), each after its parent; ties go to the earlier. Nodes in order of depth."""
     top = min(budget, logits.shape[-1])
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    ids = mx.argsort(-logprobs, axis=-1)[:, :top]
+    ids = mx.argpartition(-logprobs, top - 1, axis=-1)[:, :top]  # each position's top tokens, then in order
+    ids = mx.take_along_axis(ids, mx.argsort(-mx.take_along_axis(logprobs, ids, axis=-1), axis=-1), axis=-1)
     scores = mx.take_along_axis(logprobs, ids, axis=-1).tolist()
     ids = ids.tolist()
     heap, chosen = [(-scores[0][0], 0, (0,), -1)], []  # (-log-probability, order, ranks per depth, parent)
@@ -56,7 +57,8 @@ class BlockDrafter:
     width, no_tree = 1, None  # > 1: DDTrees of width x draft length nodes (`make_engine` sets them)
 
     def __init__(self, model: BlockDrafterModel, target_model):
-        """The target must be run with `Target(..., hidden=model_features(...))`."""
+        """The target must be run with `Target(..., hidden=...)` reading the outputs of the drafter's target
+        layers (`loading.block_features`)."""
         self.model = self.weights = model
         self.name, self.target_model = model.config["kind"], target_model
         self.embed = model.embed_tokens if "embed_tokens" in model else compat.input_embedding(target_model)

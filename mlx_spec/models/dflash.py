@@ -41,6 +41,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import compat
+from ..caches import rollback
 from ..errors import SpecError
 from . import load_exactly, read_safetensors
 
@@ -146,16 +147,15 @@ class BlockAttention(nn.Module):
         cache.update_and_fetch(keys, self.split(self.v_proj(context), self.kv_heads))
 
     def __call__(self, x: mx.array, rope, cache, at: int) -> mx.array:
-        """x (B, n, H): the block, from position `at`, after the context in `cache`."""
+        """x (B, n, H): the block, from position `at`, after the context in `cache` (its K/V join the cache: the
+        model takes them out again)."""
         b, n, _ = x.shape
         queries = rope(self.q_norm(self.split(self.q_proj(x), self.heads)), offset=at)
         keys = rope(self.k_norm(self.split(self.k_proj(x), self.kv_heads)), offset=at)
         values = self.split(self.v_proj(x), self.kv_heads)
-        context_keys, context_values = compat.cached_kv(cache)
+        keys, values = cache.update_and_fetch(keys, values)  # written after the context, not a copy of it
         if self.seen is not None:
-            context_keys, context_values = context_keys[:, :, -self.seen:], context_values[:, :, -self.seen:]
-        keys = mx.concatenate([context_keys, keys], axis=2)
-        values = mx.concatenate([context_values, values], axis=2)
+            keys, values = keys[:, :, -(self.seen + n):], values[:, :, -(self.seen + n):]
         mask = None
         if self.causal:  # query i sees the keys up to its own (and, sliding, the window before it)
             key, last = mx.arange(keys.shape[2])[None], mx.arange(n)[:, None] + keys.shape[2] - n
@@ -307,6 +307,7 @@ class BlockDrafterModel(nn.Module):
         the context in `cache`."""
         for layer, layer_cache in zip(self.layers, cache):
             block = layer(block, self.rope, layer_cache, at)
+        rollback(cache, block.shape[1], block.shape[1])  # the cache holds context only
         return self.norm(block)
 
 
