@@ -75,7 +75,7 @@ def test_draft_length_follows_acceptance_and_cost():
 
 @pytest.mark.parametrize("fixed,slope", [(0.5, 0.05), (0.0, 0.3)])
 def test_a_rounds_fixed_cost_is_learnt_apart_from_each_drafts(fixed, slope):
-    """A block drafter's round costs one forward whatever its length (measured on Qwen2.5-Coder-0.5B: 0.47 + 0.02 k
+    """A block draft costs one forward whatever its length (measured on Qwen2.5-Coder-0.5B: 0.45 + 0.02 k
     plain steps, scripts/block_cost.py); a draft model's grows with every draft. With 90% of drafts passing the
     policy settles where expected tokens / (1 + fixed + slope k) is highest, not where a cost per draft fitted at
     one length would put it (for the block drafter, at most 3 drafts)."""
