@@ -11,8 +11,9 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
 - the Gemma 4 `DecoderLayer` call `(x, mask, cache, per_layer_input, shared_kv=, offset=) -> (h, kv, offset)`;
 - `rope_utils.initialize_rope(dims, base, traditional, scaling_config, max_position_embeddings)`, the rotary
   embedding of a block drafter;
-- Llama's `ModelArgs`, `Attention` (q/k/v projections applied to its input, whatever its width: EAGLE-3
-  widens them to 2 H) and `MLP`, which the EAGLE-3 head is built from;
+- Llama's and Qwen3's `ModelArgs`, `Attention` (q/k/v projections applied to its input, whatever its width:
+  EAGLE-3 widens them to 2 H), `MLP` and `TransformerBlock` `(x, mask, cache)`, which EAGLE-3 heads are built
+  from;
 - for token trees: attention layers that rotate with `self.rope(x, offset=cache.offset)` through
   `mx.fast.rope` (which takes one offset per batch row), and masks that come from `cache.make_mask`;
 - for batches (ragged.py): the same rotation and masks with one offset per batch row (`cache.offset` an array)
@@ -43,7 +44,7 @@ import inspect
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma4_text, llama, qwen3_5, qwen3_next, rope_utils
+from mlx_lm.models import gemma4_text, llama, qwen3, qwen3_5, qwen3_next, rope_utils
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from .errors import SpecError
@@ -188,21 +189,32 @@ def rope(dims: int, base: float, traditional: bool, scaling: dict | None, max_po
     return rope_utils.initialize_rope(dims, base, traditional, scaling, max_positions)
 
 
-def llama_args(config: dict):
-    return llama.ModelArgs.from_dict({"model_type": "llama", **config})
+DECODER_FAMILIES = {"llama": llama, "qwen3": qwen3}  # the decoder layers drafters are built from
 
 
-def llama_attention(args, input_dims: int):
-    """Llama attention whose q/k/v projections read `input_dims` features."""
-    attention = llama.Attention(args)
+def decoder_args(model_type: str, config: dict):
+    """mlx-lm's ModelArgs of a Llama or Qwen3 decoder for `config` (its Hugging Face fields)."""
+    return DECODER_FAMILIES[model_type].ModelArgs.from_dict({**config, "model_type": model_type})
+
+
+def decoder_attention(args, input_dims: int):
+    """The attention of `args`' family whose q/k/v projections read `input_dims` features."""
+    attention = DECODER_FAMILIES[args.model_type].Attention(args)
     for name in ("q_proj", "k_proj", "v_proj"):
         out_dims = getattr(attention, name).weight.shape[0]
-        setattr(attention, name, nn.Linear(input_dims, out_dims, bias=args.attention_bias))
+        setattr(attention, name, nn.Linear(input_dims, out_dims, bias=getattr(args, "attention_bias", False)))
     return attention
 
 
-def llama_mlp(args):
-    return llama.MLP(args)
+def decoder_mlp(args):
+    if args.model_type == "llama":
+        return llama.MLP(args)
+    return DECODER_FAMILIES[args.model_type].MLP(args.hidden_size, args.intermediate_size)
+
+
+def decoder_block(args):
+    """A whole decoder layer of `args`' family: called (x, mask, cache)."""
+    return DECODER_FAMILIES[args.model_type].TransformerBlock(args)
 
 
 def gemma4_layer(layer, x: mx.array, mask, shared_kv: tuple, offset: int) -> mx.array:
@@ -257,22 +269,26 @@ def check() -> None:
         raise broken(f"the Gemma 4 DecoderLayer call signature (now {params})")
     if not hasattr(qwen3_next.Qwen3NextGatedDeltaNet, "fix_query_key_value_ordering"):
         raise broken("Qwen3-Next's GatedDeltaNet (no fix_query_key_value_ordering)")
-    check_llama_attention()
+    check_decoder_layers()
     try:
         rope(8, 1e4, False, None, 64)(mx.ones((1, 1, 2, 8)), offset=3)
     except Exception as e:
         raise broken(f"rope_utils.initialize_rope ({type(e).__name__}: {e})") from None
 
 
-def check_llama_attention() -> None:
-    args = llama_args(dict(hidden_size=8, num_hidden_layers=1, intermediate_size=16, num_attention_heads=2,
-                           rms_norm_eps=1e-6, vocab_size=4))
-    try:
-        out = llama_attention(args, input_dims=16)(mx.zeros((1, 3, 16)), None, KVCache())
-    except Exception as e:
-        raise broken(f"Llama's Attention ({type(e).__name__}: {e})") from None
-    if out.shape != (1, 3, 8):
-        raise broken(f"Llama's Attention (output {out.shape} for 3 positions of width 8)")
+def check_decoder_layers() -> None:
+    for family in DECODER_FAMILIES:
+        args = decoder_args(family, dict(hidden_size=8, num_hidden_layers=1, intermediate_size=16, head_dim=4,
+                                         num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6,
+                                         vocab_size=4, max_position_embeddings=64, tie_word_embeddings=False,
+                                         rope_theta=1e4))
+        try:
+            out = decoder_attention(args, input_dims=16)(mx.zeros((1, 3, 16)), None, KVCache())
+            out = decoder_block(args)(out + decoder_mlp(args)(out), None, KVCache())
+        except Exception as e:
+            raise broken(f"{family}'s Attention, MLP or TransformerBlock ({type(e).__name__}: {e})") from None
+        if out.shape != (1, 3, 8):
+            raise broken(f"{family}'s decoder layers (output {out.shape} for 3 positions of width 8)")
 
 
 def check_rotating_cache() -> None:

@@ -24,9 +24,9 @@ from .engine import Engine
 from .errors import SpecError
 from .models import materialize
 from .models.dflash import block_kind, load_block_drafter, read_config as block_config
-from .models.eagle3 import feature_layers, is_eagle3, load_eagle3, trained_for
+from .models.eagle3 import feature_layers, is_eagle3, load_eagle3, read_config as eagle3_config
 from .models.gemma4_assistant import is_assistant, load_assistant
-from .models.medusa import is_medusa, load_medusa
+from .models.medusa import is_medusa, load_medusa, medusa_shape
 from .models.mtp_head import ARCHITECTURE as MTP_HEAD, is_mtp_head, load_head
 from .models.nextn import check_supported, declared_nextn_layers, is_nextn, load_nextn
 from .models.qwen3_5 import checkpoint_files, declared_mtp_layers, lm_head, load_mtp, text_model
@@ -234,7 +234,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     if tree_width > 1 and assistant:
         raise SpecError("--tree-width needs a draft model: a Gemma 4 assistant proposes chains only")
     max_draft_len = target.entry.get("draft_len") or (
-        ASSISTANT_MAX_DRAFT_LEN if assistant else draft_config["medusa_num_heads"] if medusa
+        ASSISTANT_MAX_DRAFT_LEN if assistant else medusa_shape(draft_config, draft_path)[0] if medusa
         else min(block["drafts"], MAX_DRAFT_LEN) if block else DRAFTERS[drafter].max_draft_len)
     wants_hidden = (mtp_hidden if drafter == "mtp" else "post" if assistant or medusa
                     else eagle3_features(draft_path, draft_config, target) if eagle3
@@ -299,6 +299,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
             where, problem = draft_path.name, chosen.runner.tree_problem(by_levels=True)
         if problem is None and chosen.name in ("dspark", "dflash2"):
             where, problem = draft_path.name, f"is a {chosen.name} drafter: each draft depends on the one before"
+        if problem is None and chosen.name == "eagle3" and chosen.mtp.windowed:
+            where, problem = draft_path.name, "has sliding-window layers, which draft chains only"
         chosen.width, chosen.no_tree = (1, f"{where} {problem}") if problem else (tree_width, None)
 
     def sibling(name: str) -> Engine:
@@ -352,13 +354,13 @@ def eagle3_features(path: Path, config: dict, target: LoadedTarget) -> list[int]
     """The target layers an EAGLE-3 head reads, after checking that the head was trained for this target."""
     text = target.config.get("text_config", target.config)
     layers, hidden = text["num_hidden_layers"], text["hidden_size"]
-    trained_hidden, vocab = trained_for(config)
-    features = feature_layers(config, layers)
-    if trained_hidden != hidden or vocab != vocab_size(target.config) or max(features) >= layers:
-        raise SpecError(f"the EAGLE-3 head {path} (target hidden size {trained_hidden}, vocabulary {vocab}, "
-                        f"features of layers {features}) was not trained for {target.path} (hidden size {hidden}, "
-                        f"vocabulary {vocab_size(target.config)}, {layers} layers): use the head published for "
-                        "this target (see models.toml)")
+    head = eagle3_config(config, path)
+    features = feature_layers(head, layers)
+    if head["target_hidden"] != hidden or head["vocab_size"] != vocab_size(target.config) or max(features) >= layers:
+        raise SpecError(f"the EAGLE-3 head {path} (target hidden size {head['target_hidden']}, vocabulary "
+                        f"{head['vocab_size']}, features of layers {features}) was not trained for {target.path} "
+                        f"(hidden size {hidden}, vocabulary {vocab_size(target.config)}, {layers} layers): use the "
+                        "head published for this target (see models.toml)")
     return features
 
 

@@ -345,10 +345,10 @@ def check_batches() -> None:
     shorter than the rows."""
     tiny = dict(num_hidden_layers=1, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
                 rms_norm_eps=1e-6, vocab_size=8)
-    if not _rows_match(llama.Model(compat.llama_args(dict(hidden_size=16, **tiny)))):
+    if not _rows_match(llama.Model(compat.decoder_args("llama", dict(hidden_size=16, **tiny)))):
         raise compat.broken("batched attention (rotary embeddings with one offset per row, or masks from "
                             "cache.make_mask)")
-    if not _rows_match(llama.Model(compat.llama_args(dict(hidden_size=64, **tiny))), kv_bits=8):
+    if not _rows_match(llama.Model(compat.decoder_args("llama", dict(hidden_size=64, **tiny))), kv_bits=8):
         raise compat.broken("quantized attention in batches (a cache with `bits` attended to as a QuantizedKVCache)")
     gemma = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(dict(
         model_type="gemma3_text", hidden_size=16, num_hidden_layers=2, intermediate_size=32, num_attention_heads=2,

@@ -68,3 +68,16 @@ def test_medusa_refusals(tiny, tmp_path):
     other = edited_copy(tiny["qwen3-medusa"], tmp_path / "other-layout", rename, WEIGHTS)
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(other), "--prompt", "hi")
     assert_one_line_error(proc, "unexpected tensor 'lm_heads.0.weight'", "FasterDecoding/Medusa layout")
+
+
+def test_null_fields_mean_the_defaults_or_are_refused(tiny, tmp_path):
+    config = json.loads((tiny["qwen3-medusa"] / "config.json").read_text())
+    assert config["medusa_num_layers"] == 1  # the reference's default, which a null block count means
+    nulled = edited_copy(tiny["qwen3-medusa"], tmp_path / "null-layers", lambda weights: weights, WEIGHTS)
+    (nulled / "config.json").write_text(json.dumps({**config, "medusa_num_layers": None}))
+    results = [mlx_spec.load(str(tiny["qwen3"]), draft_model=str(head), draft_len=3).generate(PROMPT, max_tokens=30)
+               for head in (tiny["qwen3-medusa"], nulled)]
+    assert results[0].tokens == results[1].tokens and results[0].stats.accepted == results[1].stats.accepted
+    (nulled / "config.json").write_text(json.dumps({**config, "medusa_num_heads": None}))
+    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(nulled), "--prompt", "hi")
+    assert_one_line_error(proc, "medusa_num_heads None", "re-download the heads")

@@ -128,13 +128,14 @@ def build_eagle3(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
 
     from mlx_spec import compat
     from mlx_spec.caches import TreeKVCache, tree_forward
-    from mlx_spec.models.eagle3 import Eagle3, feature_layers as default_layers
+    from mlx_spec.models.eagle3 import Eagle3, feature_layers as default_layers, read_config
 
     mx.random.seed(seed)
     target, target_config = load_model(Path(target_dir))
     vocab = target_config["vocab_size"]
     config = eagle3_config(target_config, draft_vocab, feature_layers)
-    layers = default_layers(config, target_config["num_hidden_layers"])
+    head_config = read_config(config, Path(out_dir))
+    layers = default_layers(head_config, target_config["num_hidden_layers"])
     rows = []  # per text: (features, embeddings of the next tokens, draft-vocabulary labels)
     sequences = greedy_continuations(target, load_tokenizer(Path(target_dir)), texts)
     for sequence in sequences:
@@ -145,7 +146,7 @@ def build_eagle3(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
     to_draft = np.full(vocab, -1)
     to_draft[kept] = np.arange(draft_vocab)
     rows = [(features, embeddings, mx.array(to_draft[np.array(labels)])) for features, embeddings, labels in rows]
-    head = Eagle3(config, own_embedding=False)
+    head = Eagle3(head_config, own_embedding=False)
     mx.eval(rows, head.parameters())
 
     compat.positioned_ropes(head)
@@ -170,7 +171,8 @@ def build_eagle3(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
         return total / len(rows)
 
     fit(head, loss, steps, 3e-3)
-    weights = {name: np.array(value) for name, value in tree_flatten(head.parameters())}
+    weights = {name.replace("layers.0.", "midlayer."): np.array(value)  # the EAGLE repository's names
+               for name, value in tree_flatten(head.parameters())}
     weights["d2t"] = (kept - np.arange(draft_vocab)).astype(np.int64)
     weights["t2d"] = to_draft >= 0
     out_dir = Path(out_dir)

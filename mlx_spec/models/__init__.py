@@ -21,6 +21,21 @@ def to_target_vocabulary(scores: mx.array, index: mx.array) -> mx.array:
     return mx.take(padded, index, axis=-1)
 
 
+def rope_settings(config: dict, path: Path, layer_type: str = "full_attention") -> tuple[float, dict | None]:
+    """(base, scaling) of a drafter's rotary embedding from its Hugging Face config: `rope_parameters` (transformers
+    5; flat, or one entry per layer type) or `rope_theta` / `rope_scaling`, nulls meaning the defaults (base 10000,
+    no scaling: None); a partial rotary embedding, which no drafter here applies, is a SpecError."""
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    if any(isinstance(value, dict) for value in rope.values()):
+        rope = dict(rope.get(layer_type) or rope.get("full_attention") or {})
+    theta = rope.pop("rope_theta", None) or config.get("rope_theta") or 10000.0
+    partial = rope.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
+    if partial != 1.0:
+        raise SpecError(f"{path}: a partial rotary embedding (partial_rotary_factor {partial}) is not read yet: use "
+                        "a drafter whose RoPE covers each head")
+    return theta, None if rope.get("rope_type", rope.get("type")) in (None, "default") else rope
+
+
 def load_exactly(module, weights: dict, misfit: str) -> None:
     """Load `weights` (name -> array) into `module`, every parameter and nothing else, and `materialize` it; a
     mismatch is a SpecError: `misfit` with "{}" standing for what did not fit."""

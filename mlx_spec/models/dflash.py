@@ -43,7 +43,7 @@ import mlx.nn as nn
 from .. import compat
 from ..caches import rollback
 from ..errors import SpecError
-from . import load_exactly, read_safetensors
+from . import load_exactly, read_safetensors, rope_settings
 
 MARKERS = {  # variants recognised by their config, not read yet, and what marks them
     "DFly (per-layer fusion weights)": ("layer_fusion_weights", "hidden_correction"),
@@ -93,10 +93,7 @@ def read_config(config: dict, path: Path) -> dict:
                                                                      or flat.get("swa_window_size")):
         raise SpecError(f"{path}: the block drafter's config has sliding-window layers but no sliding_window: "
                         "re-download the drafter")
-    rope = dict(flat.get("rope_parameters") or flat.get("rope_scaling") or {})
-    theta = rope.pop("rope_theta", None) or flat.get("rope_theta") or 10000.0
-    if rope.get("rope_type", rope.get("type")) in (None, "default"):
-        rope = None
+    theta, rope = rope_settings(flat, path)
     needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
               "block_size") + (("selector_rank", "selector_top_k", "conv_kernel_size", "conv_group_size")
                                if kind == "dflash2" else ())

@@ -57,6 +57,15 @@ def is_medusa(config: dict) -> bool:
     return "medusa_num_heads" in config
 
 
+def medusa_shape(config: dict, path: Path) -> tuple[int, int]:
+    """(heads, residual blocks per head) from config.json, a null block count meaning the reference's 1."""
+    heads, layers = config.get("medusa_num_heads"), config.get("medusa_num_layers") or 1
+    if not isinstance(heads, int) or heads < 1 or not isinstance(layers, int):
+        raise SpecError(f"{path}: config.json gives medusa_num_heads {heads!r} and medusa_num_layers {layers!r}, "
+                        "not counts: re-download the heads")
+    return heads, layers
+
+
 def load_medusa(path: Path, config: dict) -> MedusaHeads:
     file = path / WEIGHTS
     if not file.exists():
@@ -64,7 +73,7 @@ def load_medusa(path: Path, config: dict) -> MedusaHeads:
             raise SpecError(f"{path} holds medusa_lm_head.pt, a PyTorch pickle mlx-spec does not read: save its "
                             f"state dict as {WEIGHTS} (safetensors.torch.save_file) and retry")
         raise SpecError(f"{path} declares Medusa heads but holds no {WEIGHTS}: re-download the heads")
-    heads, layers = config["medusa_num_heads"], config.get("medusa_num_layers", 1)
+    heads, layers = medusa_shape(config, path)
     weights, renamed = mx.load(str(file)), {}
     for name, value in weights.items():
         match = re.fullmatch(r"(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)", name)
