@@ -1,9 +1,11 @@
 """Scripted batch generation: JSONL requests in, JSONL results out, resumable, nothing torn.
 
-Each input line is an object with an `id` and either a `prompt` (text, sent through the chat template
-unless `"raw": true`) or chat `messages`, plus optional `max_tokens`, `stop`, `seed` and sampling fields
-(`temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `presence_penalty`, `frequency_penalty`).
-Each result line holds `id`, `text`, `stop_reason` and the statistics of that generation. A result is written
+Each input line is an object with an `id` (a text or a number, its own) and either a `prompt` (text, sent
+through the chat template unless `"raw": true`) or chat `messages`, plus optional `max_tokens`, `stop`, `seed`
+and sampling fields (`temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `presence_penalty`,
+`frequency_penalty`). A line that is not such an object, repeats an id or does not fit the model's context is
+skipped, with a message. Each result line holds `id` (as given), `text`, `stop_reason` and the statistics of
+that generation. A result is written
 in one `write` and flushed to disk before the next item starts; a rerun skips ids already in the output and
 first drops a torn last line left by a crash.
 """
@@ -31,7 +33,7 @@ MAX_SEED = 2**64  # mx.random.key takes an unsigned 64-bit seed
 
 @dataclass
 class Request:
-    id: str
+    id: str | int  # as the input line gives it
     line: int
     prompt: list[int]
     params: SamplingParams
@@ -82,8 +84,9 @@ def parse_request(line: str, number: int, engine: Engine, default_max_tokens: in
     if (seed := whole_number(item, "seed", default_seed, 0)) >= MAX_SEED:
         raise SpecError(f"\"seed\" must be below 2**64, got {seed}")
     prompt = render_prompt(engine.tokenizer, item.get("prompt", item.get("messages")), raw=item.get("raw", False))
-    return Request(str(item["id"]), number, prompt, params, whole_number(item, "max_tokens", default_max_tokens, 1),
-                   stop, seed)
+    max_tokens = whole_number(item, "max_tokens", default_max_tokens, 1)
+    engine.check_fits(len(prompt), max_tokens)
+    return Request(item["id"], number, prompt, params, max_tokens, stop, seed)
 
 
 def check_paths(input_path: str | Path, output_path: str | Path) -> None:
@@ -95,8 +98,9 @@ def check_paths(input_path: str | Path, output_path: str | Path) -> None:
     finished_ids(Path(output_path), dry_run=True)
 
 
-def finished_ids(output: Path, dry_run: bool = False) -> set[str]:
-    """Ids already in the output; a torn last line (a crash mid-write) is cut off first (not when `dry_run`)."""
+def finished_ids(output: Path, dry_run: bool = False, notice=None) -> set[str | int]:
+    """Ids already in the output; a torn last line (a crash mid-write) is cut off first, and `notice(why)` told
+    (not when `dry_run`)."""
     if not output.exists():
         return set()
     try:
@@ -114,6 +118,9 @@ def finished_ids(output: Path, dry_run: bool = False) -> set[str]:
     if end < len(data) and not dry_run:
         with open(output, "r+b") as f:
             f.truncate(end)
+        if notice:
+            notice(f"dropped the torn last line of {output} (a run cut short while writing it); its request runs "
+                   "again")
     return ids - {None}
 
 
@@ -123,14 +130,15 @@ def run(engine: Engine, input_path: str | Path, output_path: str | Path, max_tok
     """Generate every request of `input_path` not yet in `output_path`; yields each result as it is written
     (in the order they finish), and {"error": ..., "line": n} for each bad input line or failed request (which is
     skipped). `defaults`, `seed`: sampling and seed for the requests that set none. `batch_size`: requests decoded
-    together; None: the largest that fits in memory, or 1 where this engine cannot batch (`notice(why)` is told).
-    A batch that cannot start fails whole (SpecError)."""
+    together; None: the largest that fits in memory, or 1 where this engine cannot batch. `notice(line)` is told
+    that, a torn last line dropped from the output, and that nothing is left to do. A batch that cannot start
+    fails whole (SpecError)."""
     check_paths(input_path, output_path)
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise SpecError(f"--batch-size must be a whole number >= 1, got {batch_size!r}")
     output = Path(output_path)
-    done = finished_ids(output)
-    todo = []
+    done = finished_ids(output, notice=notice)
+    todo, lines = [], {}
     for number, line in enumerate(read_lines(input_path, keep_undecodable=True), start=1):
         if not line.strip():
             continue
@@ -139,9 +147,17 @@ def run(engine: Engine, input_path: str | Path, output_path: str | Path, max_tok
         except SpecError as e:
             yield {"line": number, "error": str(e)}
             continue
+        if request.id in lines:
+            yield {"line": number, "error": f"the id {request.id!r} is on line {lines[request.id]} already: give "
+                                            "each request its own id"}
+            continue
+        lines[request.id] = number
         if request.id not in done:
             todo.append(request)
-            done.add(request.id)  # a repeated id is generated once
+    if not todo:
+        if notice and lines:
+            notice(f"nothing left to generate: {output} holds a result for every request")
+        return
     problem = engine.batch_problem()
     if batch_size is None:
         batch_size = 1 if problem or not todo else min(len(todo), engine.largest_batch(

@@ -28,6 +28,7 @@ from .policy import BatchDraftLength, FixedDraftLength
 from .ragged import RaggedBatch, RaggedKVCache, check_batches
 from .sampling import SamplingParams
 from .stats import Stats
+from .target import PREFILL_CHUNK
 from .text_stream import TextStream
 from .verify import verify_draft
 
@@ -58,6 +59,7 @@ class Row:
         self.stats = Stats(drafter=drafter_name, prompt_tokens=len(job.prompt))
         self.stop_reason: str | None = None
         self.prefill: RaggedBatch | None = None  # its prompt's cache while it is prefilled, before it joins
+        self.prefilled = False  # whether `prefill` holds the whole prompt
         self.ready = True  # whether its drafter works on its prompt (else it starts on what the row decodes)
         self.read_hidden = None  # what reads the hidden states its prompt's prefill keeps (None: none kept)
         self.started = time.perf_counter()
@@ -69,6 +71,10 @@ class Row:
         self.stats.generated_tokens = len(self.generated)
         self.stats.record_memory()
         return [Text(tail)] * bool(tail) + [Done(self.stop_reason, self.text.text, self.generated, self.stats)]
+
+
+def left_to_prefill(row: Row) -> int:
+    return len(row.job.prompt) - 1 - (int(row.prefill.offsets[0]) if row.prefill else 0)
 
 
 def together(rows: list[Row]) -> list[list[Row]]:
@@ -152,6 +158,10 @@ class BatchedDecoder:
         while True:
             while len(rows) + len(joining) < batch_size and (item := take()) is not None:
                 joining.append(Row(*item, self.tokenizer, self.name))
+            for row in [row for row in joining if should_stop(row.key)]:  # between its prefill's chunks
+                joining.remove(row)
+                row.stop_reason = "stopped"
+                yield from ((row.key, event) for event in row.finish())
             if joining:
                 self._prefill(batch, drafters, rows, joining)
             if not rows:
@@ -174,32 +184,38 @@ class BatchedDecoder:
                 self.plan = self.plan.select(staying) if self.plan and staying else None
 
     def _prefill(self, batch: RaggedBatch, drafters, rows: list[Row], joining: deque) -> None:
-        """Prefill the first joining prompt by one chunk (every joining prompt whole while no row decodes: none
-        waits then, and those whose drafters read no hidden states run together, `together`), and move the
-        prompts that are done into the batch."""
-        decoding = bool(rows)
-        for row in list(joining)[:1] if decoding else joining:  # its drafter's work on each prompt (the hidden
-            if row.prefill is None:  # states it reads, a draft model's prefill), unless drafting does not pay here
-                pin = row.job.draft_len
+        """Run one chunk of the joining prompt with the least left to prefill (while no row decodes, short prompts
+        whose drafters read no hidden states first run together, `together`), and move the prefilled prompts
+        into the batch: at once while rows decode; while none does, together with the other joining prompts,
+        unless one of those has more than a chunk left (a long prompt does not hold up a short one). The caller
+        takes new requests and drops stopped ones between calls."""
+        waiting = [row for row in joining if not row.prefilled]
+        for row in waiting if not rows else sorted(waiting, key=left_to_prefill)[:1]:
+            if row.prefill is None:  # its drafter's work on its prompt (the hidden states it reads, a draft
+                pin = row.job.draft_len  # model's prefill), unless drafting does not pay here
                 row.ready = self.policy.drafts_at(len(rows) + len(joining)) if pin is None else pin > 0
                 row.read_hidden = self.read_hidden if row.ready else None
-        if not decoding and not batch.recurrent:
-            for group in together([row for row in joining if row.read_hidden is None]):
+        if not rows and not batch.recurrent:
+            for group in together([row for row in waiting if row.read_hidden is None and row.prefill is None
+                                   and len(row.job.prompt) <= PREFILL_CHUNK]):
                 prefilled = RaggedBatch.prefilled(self.model, [row.job.prompt[:-1] for row in group], **self.kv)
                 batch.join(prefilled)
                 for row in group:
                     joining.remove(row)
                     self._joined(drafters, rows, row, None)
-        while joining:
-            row = joining[0]
+            waiting = [row for row in joining if not row.prefilled]
+        if waiting:
+            row = min(waiting, key=left_to_prefill)
             row.prefill = row.prefill or RaggedBatch(self.model, rows=1, **self.kv)
-            if row.prefill.extend(row.job.prompt[:-1], row.read_hidden, self.hidden_tail) and not self.plan:
-                joining.popleft()
-                batch.join(row.prefill)
-                self._joined(drafters, rows, row, mx.concatenate(row.prefill.hidden) if row.prefill.hidden else None)
-                row.prefill = None
-            if decoding:
-                return
+            row.prefilled = row.prefill.extend(row.job.prompt[:-1], row.read_hidden, self.hidden_tail)
+        unfinished = [left_to_prefill(row) for row in joining if not row.prefilled]
+        if self.plan or not (rows or not unfinished or max(unfinished) > PREFILL_CHUNK):
+            return
+        for row in [row for row in joining if row.prefilled]:
+            joining.remove(row)
+            batch.join(row.prefill)
+            self._joined(drafters, rows, row, mx.concatenate(row.prefill.hidden) if row.prefill.hidden else None)
+            row.prefill = None
 
     def _joined(self, drafters, rows: list[Row], row: Row, hidden: mx.array | None) -> None:
         """`row`, its prompt now in the batch's cache, joins the rows (and its drafter, with `hidden`)."""

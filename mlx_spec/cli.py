@@ -31,6 +31,7 @@ if ((__name__ == "__main__" or os.path.basename(sys.argv[0]) == "mlx-spec")
     sys.unraisablehook = unraisable_interrupt
 
 import argparse  # noqa: E402
+import errno  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -38,11 +39,12 @@ from .errors import SpecError  # noqa: E402
 
 FLAG_NAMES = {"temperature": "temp"}  # SamplingParams fields whose flag is named otherwise
 SERVE_BATCH = 8  # `serve`'s default batch size where memory allows
+WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """The flags that choose what to load; returns them."""
-    from .drafters import DEFAULT_ORDER, DRAFTERS
+    from .drafter_kinds import DEFAULT_ORDER, DRAFTERS
 
     actions = []
 
@@ -122,6 +124,16 @@ def leads(args) -> bool:
     return join(args.distributed).rank() == 0
 
 
+def check_model_flags(args) -> None:
+    """Refuse model flags that contradict each other, before anything loads."""
+    if args.drafter == "off" and args.num_draft:
+        raise SpecError(f"--drafter off drafts nothing: drop --num-draft {args.num_draft}")
+    if args.draft_model and args.drafter not in (None, "draft-model"):
+        raise SpecError(f"--draft-model is the draft-model drafter's, not --drafter {args.drafter}'s: drop one of them")
+    if args.mtp_path and args.drafter not in (None, "mtp"):
+        raise SpecError(f"--mtp-path is the mtp drafter's, not --drafter {args.drafter}'s: drop one of them")
+
+
 def load_engine(args):
     """The engine the model flags ask for. Under `--distributed`, only rank 0 returns: the other ranks run the
     generations it starts and exit when it is done."""
@@ -153,6 +165,9 @@ def generate(args) -> int:
         prompt = sys.stdin.read() if args.prompt == "-" and leads(args) else args.prompt
     except UnicodeDecodeError:
         raise SpecError("the prompt on stdin is not UTF-8 text: convert it first (e.g. iconv -t UTF-8)") from None
+    except (AttributeError, OSError):  # no stdin at all (`<&-`: sys.stdin is None), or one that cannot be read
+        raise SpecError("--prompt - reads the prompt from stdin, which is closed here: pipe the prompt in or give "
+                        "it as --prompt TEXT") from None
     engine = load_engine(args)
     ids = render_prompt(engine.tokenizer, prompt, raw=args.raw)
     for event in engine.stream(ids, params, args.max_tokens, args.stop, args.seed):
@@ -172,6 +187,9 @@ def convert(args) -> int:
     from .convert import add_mtp, convert
     from .from_gguf import convert_gguf
 
+    if args.q_bits is not None and not args.quantize:
+        raise SpecError(f"--q-bits {args.q_bits} applies only with -q (--quantize): add -q or drop --q-bits")
+    args.q_bits = args.q_bits or 4
     if args.hf_path.lower().endswith(".gguf"):
         if args.add_mtp or args.mtp_bits:
             raise SpecError("a GGUF file has no MTP layer: drop --add-mtp / --mtp-bits")
@@ -422,7 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="Hugging Face repo id, local directory, or a .gguf file (llama, qwen2, qwen3, gemma3)")
     conv.add_argument("--mlx-path", required=True, help="output directory (must not exist, unless --add-mtp)")
     conv.add_argument("-q", "--quantize", action="store_true", help="quantize the weights")
-    conv.add_argument("--q-bits", type=int, default=4, choices=[2, 3, 4, 5, 6, 8])
+    conv.add_argument("--q-bits", type=int, choices=[2, 3, 4, 5, 6, 8], help="bits of the quantized weights "
+                      "(with -q; default 4)")
     conv.add_argument("--q-group-size", type=int, default=64, choices=[32, 64, 128])
     conv.add_argument("--mtp-bits", type=int, choices=[4, 8, 16],
                       help="bits of the MTP layer (default: 8 for a quantized model, else unquantized; 16 = float)")
@@ -436,9 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     program = signal.getsignal(signal.SIGINT) is exit_on_interrupt
     try:
-        args = build_parser().parse_args(argv)  # imports MLX, whose extension aborts if interrupted as it starts
+        args = build_parser().parse_args(argv)
         if program:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        if hasattr(args, "drafter"):
+            check_model_flags(args)
         return args.run(args)
     except SpecError as e:
         print(f"mlx-spec: error: {e}", file=sys.stderr)
@@ -461,6 +482,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (e.g. `| head`): no complaint at exit either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # the machine's, not the user's input: a full disk under stdout, a vanished folder
+        if e.errno in WRITE_ERRORS:
+            error = f"cannot write {e.filename or 'the output'} ({e.strerror}): free some space or write elsewhere"
+        else:
+            error = f"{e.filename}: {e.strerror}" if e.filename else str(e)
+        print(f"mlx-spec: error: {error}", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is left unflushed cannot go anywhere
+        return 2
     finally:
         if program:  # a Ctrl+C during the interpreter's shutdown would print "Exception ignored ..." tracebacks
             signal.signal(signal.SIGINT, exit_on_interrupt)

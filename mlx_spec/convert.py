@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 
 from .errors import SpecError
 from .loading import read_config, resolve
-from .models import read_safetensors
+from .models import load_weights, read_safetensors
 from .models.dflash import block_kind, load_block_drafter, quantize as quantize_block_drafter
 from .models.eagle3 import is_eagle3, load_eagle3
 from .models.gemma4_assistant import is_assistant, load_assistant
@@ -73,6 +73,21 @@ def checkpoint_dtype(config: dict) -> str | None:
     return dtype if dtype in ("float16", "bfloat16", "float32") else None
 
 
+def copy_mtp(source: Path, mlx_dir: Path) -> None:
+    """Copy the MTP layer of the mlx-spec conversion in `source` to the conversion in `mlx_dir`: its file, its
+    index entries, its quantization."""
+    config = json.loads((mlx_dir / "config.json").read_text())
+    if quantization := json.loads((source / "config.json").read_text()).get("mtp_quantization"):
+        config["mtp_quantization"] = quantization
+    shutil.copyfile(source / MTP_FILE, mlx_dir / MTP_FILE)
+    index_path = mlx_dir / INDEX_FILE
+    if index_path.exists():
+        index = json.loads(index_path.read_text())
+        index["weight_map"].update({k: MTP_FILE for k in load_weights(mlx_dir / MTP_FILE)})
+        index_path.write_text(json.dumps(index, indent=4))
+    (mlx_dir / "config.json").write_text(json.dumps(config, indent=4))
+
+
 def write_mtp(mlx_dir: Path, layer: tuple[nn.Module, str], bits: int | None, group_size: int,
               dtype: str | None) -> None:
     """Add the MTP layer (`mtp_layer`'s answer) to an MLX checkpoint directory: its file, its index entries,
@@ -108,6 +123,11 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
     config_path = source / "config.json"
     if not config_path.exists():
         raise SpecError(f"{source} has no config.json: --hf-path must be a Hugging Face checkpoint")
+    quantized = json.loads(config_path.read_text()).get("quantization")
+    if quantized and (quantize or dtype or mtp_bits is not None):
+        flags = "-q" if quantize else "--dtype" if dtype else "--mtp-bits"
+        raise SpecError(f"{hf_path} is already quantized ({quantized.get('bits')}-bit), which {flags} cannot "
+                        "undo: point --hf-path at its original float checkpoint")
     with staging(out, f"conversion of {hf_path}") as work:
         staged = work / "model"
         if is_assistant(json.loads(config_path.read_text())):
@@ -120,7 +140,10 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
             mlx_lm_convert(str(source), str(staged), quantize=quantize, q_group_size=q_group_size, q_bits=q_bits,
                            dtype=dtype)
         config = json.loads((staged / "config.json").read_text())
-        if layer := mtp_layer(config, sorted(source.glob("model*.safetensors")), source):
+        if (source / MTP_FILE).exists():  # an mlx-spec conversion: its MTP layer goes as it is
+            copy_mtp(source, staged)
+            print(f"[INFO] Kept the MTP layer in {MTP_FILE}")
+        elif layer := mtp_layer(config, sorted(source.glob("model*.safetensors")), source):
             bits = mtp_bits if mtp_bits is not None else (8 if quantize else None)
             write_mtp(staged, layer, None if bits == 16 else bits, q_group_size,
                       dtype or checkpoint_dtype(json.loads(config_path.read_text())))
@@ -135,10 +158,10 @@ def staging(out: Path, what: str):
     half-written; any failure other than a SpecError becomes one (`what` failed ...)."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     except OSError as e:
-        raise SpecError(f"cannot make the folder {out.parent} for --mlx-path ({e.strerror}): choose another "
+        raise SpecError(f"cannot write in the folder {out.parent} for --mlx-path ({e.strerror}): choose another "
                         "--mlx-path") from None
-    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
         yield work
     except SpecError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import mlx.core as mx
 
@@ -24,7 +24,7 @@ from .prompts import prompt_text, render_prompt
 from .sampling import SamplingParams
 from .stats import Stats
 from .text_stream import TextStream
-from .target import MAX_DRAFT_LEN, Step, Target
+from .target import MAX_DRAFT_LEN, Interrupted, Step, Target
 from .verify import verify_draft, verify_tree
 
 
@@ -86,12 +86,15 @@ class Engine:
     pin at the next round it decides on: a plain round decides the one after it before it ends)."""
 
     def __init__(self, target: Target, tokenizer, drafter: Drafter | None = None, draft_len: int | None = 4,
-                 max_draft_len: int = 4, sibling=None, drafters: list[str] = ("off",)):
+                 max_draft_len: int = 4, sibling=None, drafters: list[str] = ("off",),
+                 context_length: int | None = None):
         """draft_len: drafts per round, pinned; None lets the adaptive policy choose 0..max_draft_len.
         sibling(drafter_name) -> Engine builds `with_drafter`'s engines on the same weights; `drafters` names
-        the choices it accepts."""
+        the choices it accepts. context_length: the positions the model was trained for (None: unknown), which a
+        prompt and its max_tokens must fit (`check_fits`)."""
         check_draft_len(max_draft_len)
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.context_length = context_length
         self.max_draft_len, self.sibling, self.drafters = max_draft_len, sibling, list(drafters)
         self.tree_width = getattr(drafter, "width", 1)  # > 1: the drafter drafts trees, a round's width chosen by
         # the policy (the adaptive one also tries chains)
@@ -119,9 +122,16 @@ class Engine:
         return self.lockstep.policy if self.lockstep else self.next_policy
 
     def stop(self) -> None:
-        """End the running generation after the current round, with stop reason "stopped" and its statistics
-        (on distributed ranks after the next one: the ranks agree on it first, as on a `pin`)."""
+        """End the running generation after the current round (or prefill chunk), with stop reason "stopped" and
+        its statistics (on distributed ranks after the next round: the ranks agree on it first, as on a `pin`)."""
         self.stop_requested = True
+
+    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        """A SpecError unless a prompt of `prompt_tokens` and `max_tokens` more fit the model's context."""
+        if self.context_length and prompt_tokens + max_tokens > self.context_length:
+            raise SpecError(f"the prompt ({prompt_tokens} tokens) and max_tokens ({max_tokens}) need "
+                            f"{prompt_tokens + max_tokens} positions, more than the model's context of "
+                            f"{self.context_length}: shorten the prompt or lower max_tokens")
 
     def status(self) -> EngineStatus:
         policy = self.next_policy
@@ -158,12 +168,18 @@ class Engine:
         return render_prompt(self.tokenizer, prompt, raw=True), None
 
     def stream(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
-               max_tokens: int = 256, stop: list[str] = (), seed: int = 0) -> Iterator[Token | Text | Round | Done]:
+               max_tokens: int = 256, stop: list[str] = (), seed: int = 0,
+               should_stop: Callable[[], bool] = lambda: False) -> Iterator[Token | Text | Round | Done]:
+        """The generation's events, ending with Done. `should_stop()` is asked between prefill chunks and after
+        each round: true ends it there ("stopped"), as `stop` does."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise SpecError(f"max_tokens must be >= 1 (a whole number), got {max_tokens!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise SpecError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+        if not all(isinstance(text, str) and text for text in stop):
+            raise SpecError(f"stop strings must be non-empty text, got {list(stop)!r}")
         context, chat = self.encode_chat(prompt)
+        self.check_fits(len(context), max_tokens)
         if self.lockstep:  # the other ranks run this generation too
             self.lockstep.begin(self, context, params, max_tokens, list(stop), seed)
         prompt_ids, self.conversation = list(context), ("", [])
@@ -173,7 +189,14 @@ class Engine:
         mx.reset_peak_memory()
         start = time.perf_counter()
         cached, self.cached_context = self.cached_context, []  # unknown while the prefill runs
-        prompt_step = self.target.prefill(context[:-1], cached, hidden=self.policy.drafts_at(1))
+        try:
+            prompt_step = self.target.prefill(context[:-1], cached, hidden=self.policy.drafts_at(1),
+                                              interrupted=lambda: not self.lockstep and (self.stop_requested
+                                                                                         or should_stop()))
+        except Interrupted:
+            stats.prefill_seconds = time.perf_counter() - start
+            yield Done("stopped", "", [], stats)
+            return
         self.cached_context = context  # extended in place below, so it always describes the cache
         stats.reused_prompt_tokens = prompt_step.start
         if self.drafter:
@@ -192,7 +215,7 @@ class Engine:
                     self.cached_context = []  # the cache may hold a half-finished round: never reuse it
                     raise
                 seconds, tick = time.perf_counter() - tick, time.perf_counter()  # from one round's end to the next
-                stop_now = self.stop_requested
+                stop_now = self.stop_requested or should_stop()
                 if self.lockstep:  # every rank checks the tokens agree, and takes rank 0's time, stop and pin
                     seconds, stop_now = self.lockstep.agree(self, new_tokens, seconds, stop_now)
                 # the first rounds' times straddle the prefill (it runs lazily into the first, and plain steps
@@ -382,14 +405,16 @@ class Engine:
                     self.next_policy = engine_policy
                 yield index, result
             return
-        yield from self._decoder(getattr(self.next_policy, "pinned", None)).run(jobs, batch_size)
+        fitting = (self.check_fits(len(job.prompt), job.max_tokens) or job for job in jobs)
+        yield from self._decoder(getattr(self.next_policy, "pinned", None)).run(fitting, batch_size)
 
     def stream_many(self, take, batch_size: int, should_stop=lambda key: False) -> Iterator[tuple[object, object]]:
         """Decode the `batched.Job`s that `take()` hands over as (key, Job) (None: none waiting; asked whenever
         the batch has room) in one batch of at most `batch_size`, until none is left; yields (key, event) with
         each job's Round / Token / Text / Done events as `stream` gives them. `should_stop(key)` ends a job after
-        the current round ("stopped"). For servers: jobs join while others run; a job drafts its own pinned
-        `draft_len`, or what the adaptive policy chooses (this engine's pin is for its one-at-a-time streams)."""
+        the current round or prefill chunk ("stopped"). For servers: jobs join while others run (check each with
+        `check_fits` first); a job drafts its own pinned `draft_len`, or what the adaptive policy chooses (this
+        engine's pin is for its one-at-a-time streams)."""
         yield from self._decoder(None).stream(take, batch_size, should_stop)
 
     def _decoder(self, draft_len: int | None):

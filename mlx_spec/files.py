@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from .errors import SpecError
@@ -31,15 +32,24 @@ def read_lines(path: str | Path, what: str = "a JSONL file with one request per 
 
 
 def check_writable(path: str | Path, flag: str) -> None:
-    """Refuse, before any work is done, an output path that cannot be written: a folder, in a missing folder (or
-    under a file), or where we may not write."""
+    """Refuse, before any work is done, an output path that cannot be written: a folder or a special file, in a
+    missing folder (or under a file), or where we may not write or no file can be made (/proc, a read-only disk)."""
     path = Path(path).expanduser()
     parent = path.resolve().parent
     if path.is_dir():
         raise SpecError(f"{flag} {path} is a folder: give a file name")
+    if path.exists() and not path.is_file():
+        raise SpecError(f"{flag} {path} is not a regular file (a device, pipe or socket): give a file name")
     if parent.exists() and not parent.is_dir():
         raise SpecError(f"{flag} {path}: {path.parent} is a file, not a folder; choose another path")
     if not parent.is_dir():
         raise SpecError(f"{flag} {path}: the folder {path.parent} does not exist; create it or choose another")
     if not os.access(path if path.exists() else parent, os.W_OK):
         raise SpecError(f"{flag} {path}: no permission to write there; choose another path")
+    try:  # what permissions do not tell: a pseudo file system, a read-only mount
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".mlx-spec-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise SpecError(f"{flag} {path}: no file can be made in {path.parent} ({e.strerror}); choose another "
+                        "path") from None

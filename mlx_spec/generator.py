@@ -158,9 +158,8 @@ class Generator:
         engine = self.engine_for(job.drafter)
         self.running = (job, engine)
         engine.pin(job.draft_len)  # after `running`: a pin that comes meanwhile reaches this engine
-        for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
-            if job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline:
-                engine.stop()  # takes effect after this round
+        ended = lambda: job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline
+        for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed, should_stop=ended):
             if isinstance(event, Done) and job.native:
                 job.send(memory.report(engine))
             if job.native or not isinstance(event, Round):
@@ -205,8 +204,10 @@ class Generator:
                     continue
                 try:
                     jobs[job.id] = job
-                    return job.id, BatchJob(engine.encode(job.prompt), job.params, job.max_tokens, tuple(job.stop),
-                                            job.seed, job.draft_len)
+                    prompt = engine.encode(job.prompt)
+                    engine.check_fits(len(prompt), job.max_tokens)
+                    return job.id, BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed,
+                                            job.draft_len)
                 except SpecError as e:
                     job.send(APIError(400, str(e)))
                     del jobs[job.id]

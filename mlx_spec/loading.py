@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from . import compat
-from .drafters import ASSISTANT_MAX_DRAFT_LEN, DRAFTERS, default_drafter
+from .drafter_kinds import ASSISTANT_MAX_DRAFT_LEN, DRAFTERS, default_drafter
 from .drafters.dflash import BlockDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle3 import Eagle3Drafter
@@ -20,7 +20,7 @@ from .drafters.medusa import MedusaDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.qwen_mtp import MTPDrafter
 from .distributed import Lockstep, join
-from .engine import Engine
+from .engine import Engine, check_draft_len
 from .errors import SpecError
 from .models import materialize
 from .models.dflash import block_kind, load_block_drafter, read_config as block_config
@@ -33,6 +33,7 @@ from .models.qwen3_5 import checkpoint_files, declared_mtp_layers, lm_head, load
 from .target import MAX_DRAFT_LEN, Target
 
 REGISTRY = Path(__file__).with_name("models.toml")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "*.tiktoken")
 HUB_PATTERNS = ["*.json", "model*.safetensors", "mtp.safetensors", "medusa_lm_head.safetensors", "tokenizer.model",
                 "*.tiktoken", "*.txt", "*.jinja"]
 VOCAB_PADDING_TOLERANCE = 128
@@ -124,6 +125,9 @@ def load_checkpoint(path: Path, what: str, split=None):
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SpecError(f"cannot load the {what} weights in {path} ({reason}): the files are corrupt, incomplete "
                         "or of an unsupported architecture; re-download or re-convert them") from None
+    if not any(next(path.glob(pattern), None) for pattern in TOKENIZER_FILES):  # else an empty tokenizer
+        raise SpecError(f"{path} holds no tokenizer ({', '.join(TOKENIZER_FILES)}): copy the tokenizer files of "
+                        "the original checkpoint into it")
     try:
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except Exception as e:
@@ -142,6 +146,17 @@ def kv_quantization_problem(config: dict, group_size: int) -> str | None:
         return (f"--kv-group-size {group_size} does not divide its head size {head_dim}; "
                 + (f"use --kv-group-size {fits[0]}" if fits else "drop --kv-bits"))
     return None
+
+
+def context_length(config: dict) -> int | None:
+    """The positions a checkpoint was trained for (its RoPE scaling's extended length, if larger), or None."""
+    text = config.get("text_config", config)
+    length = next((text[key] for key in ("max_position_embeddings", "n_positions", "max_sequence_length",
+                                         "seq_length") if isinstance(text.get(key), int)), None)
+    scaling = text.get("rope_scaling") or text.get("rope_parameters") or {}
+    if length and isinstance(scaling.get("factor"), (int, float)) and scaling.get("original_max_position_embeddings"):
+        length = max(length, int(scaling["factor"] * scaling["original_max_position_embeddings"]))
+    return length
 
 
 def vocab_size(config: dict) -> int:
@@ -196,6 +211,17 @@ def load_target(model: str | None, draft_model: str | None = None, distributed: 
 MAX_TREE_WIDTH = 8
 
 
+def check_options(drafter: str | None, draft_len: int | None, mtp_hidden: str, tree_width: int) -> None:
+    """Refuse the options that are wrong whatever the model (before it loads)."""
+    if drafter is not None and drafter not in DRAFTERS:
+        raise SpecError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
+    check_draft_len(draft_len)
+    if mtp_hidden not in ("post", "pre"):
+        raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
+    if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
+        raise SpecError(f"tree width must be from 1 (a chain) to {MAX_TREE_WIDTH}, got {tree_width!r}")
+
+
 def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: str | None = None,
                 draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
                 mtp_hidden: str = "post", tree_width: int = 1, mtp_path: str | None = None) -> Engine:
@@ -204,24 +230,19 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     drafter = drafter or default_drafter(bool(draft_model), declares_mtp or bool(mtp_path),
                                          bool(target.default_draft_model))
     draft_model = draft_model or target.default_draft_model
-    if drafter not in DRAFTERS:
-        raise SpecError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
+    check_options(drafter, draft_len, mtp_hidden, tree_width)
     if drafter == "draft-model" and not draft_model:
         raise SpecError("--drafter draft-model needs --draft-model PATH_OR_REPO")
     if drafter == "mtp" and not (declares_mtp or mtp_path):
         raise SpecError(f"{target.path} declares no MTP layer (mtp_num_hidden_layers, num_nextn_predict_layers): "
                         "train one with `mlx-spec train-mtp` and give it with --mtp-path, or use --drafter ngram or "
                         "--draft-model")
-    if mtp_hidden not in ("post", "pre"):
-        raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
     head_path = resolve(mtp_path) if mtp_path and drafter == "mtp" else None
     if head_path and not is_mtp_head(head_config := read_config(head_path)):
         raise SpecError(f"--mtp-path {mtp_path} holds no MTP head (its config.json does not name the architecture "
                         f"{MTP_HEAD}): give a folder `mlx-spec train-mtp` wrote")
     if head_path and mtp_hidden != "post":
         raise SpecError("--mtp-hidden pre: a trained MTP head reads the target's post-norm hidden state; drop it")
-    if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
-        raise SpecError(f"tree width must be from 1 (a chain) to {MAX_TREE_WIDTH}, got {tree_width!r}")
     if tree_width > 1 and drafter not in ("draft-model", "ngram", "off"):
         raise SpecError(f"--tree-width needs a draft model (--draft-model) or --drafter ngram: the {drafter} "
                         "drafter proposes chains only")
@@ -308,7 +329,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                            tree_width if name in ("draft-model", "ngram", "off") else 1, mtp_path)
     runner.hidden_tail = getattr(chosen, "hidden_tail", None)
     engine = Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
-                    available_drafters(target, draft_model, runner.tree_problem() is None, mtp_path) + ["off"])
+                    available_drafters(target, draft_model, runner.tree_problem() is None, mtp_path) + ["off"],
+                    context_length(target.config))
     engine.lockstep = target.lockstep
     return engine
 
@@ -405,7 +427,7 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
     draft_len: drafts per round, pinned; None (default) lets the adaptive policy choose between 0 (plain
     decoding) and the models.toml recommendation or the drafter's default maximum.
-    drafter: a name from `drafters.DRAFTERS` ("mtp", "draft-model", "ngram", "off"); default: the first of
+    drafter: a name from `drafter_kinds.DRAFTERS` ("mtp", "draft-model", "ngram", "off"); default: the first of
     `drafters.DEFAULT_ORDER` that this target has.
     mtp_hidden: the target hidden state fed to the MTP layer, after ("post", as the reference implementations)
     or before ("pre") the final norm.
@@ -417,6 +439,7 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     distributed: "tensor" or "pipeline": the target sharded across the ranks `mlx.launch` started, the drafter
     whole on each (`distributed.Lockstep`; rank 0 leads, the others call `engine.lockstep.follow(engine)`).
     """
+    check_options(drafter, draft_len, mtp_hidden, tree_width)
     planned_draft = draft_model if drafter in (None, "draft-model") else None
     if planned_draft is None and (drafter == "draft-model" or drafter is None and not mtp_path):
         planned_draft = registry().get(model or DEMO_NAME, {}).get("draft_model")

@@ -7,10 +7,24 @@ from .errors import SpecError
 
 
 def check_messages(messages) -> list[dict]:
-    if (not isinstance(messages, list) or not messages
-            or not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages)):
+    """The messages, each content given as a list of OpenAI text parts ({"type": "text", "text"}) joined into
+    one text; a SpecError for anything else."""
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise SpecError("messages must be a non-empty list of {\"role\", \"content\": text} objects")
-    return messages
+    return [{**m, "content": content_text(m.get("content"))} for m in messages]
+
+
+def content_text(content) -> str:
+    """A message's content as text: a text, or the texts of a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        if other := [part.get("type") for part in content if part.get("type") != "text"]:
+            raise SpecError(f"content parts of type {other[0]!r} are not supported: this model reads text only; "
+                            "send text parts")
+        if all(isinstance(part.get("text"), str) for part in content):
+            return "".join(part["text"] for part in content)
+    raise SpecError("a message's content must be text or a list of {\"type\": \"text\", \"text\"} parts")
 
 
 def prompt_text(tokenizer, prompt: str | list[dict], raw: bool = False) -> tuple[str, bool]:

@@ -7,7 +7,7 @@ raw logits for consecutive positions into the processed p (or q) at each of them
 from __future__ import annotations
 
 import numbers
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import mlx.core as mx
 
@@ -52,7 +52,7 @@ class SamplingParams:
         ]
         for ok, message in checks:
             if not ok:
-                raise SpecError(f"{message} (got {asdict(self)})")
+                raise SpecError(f"{message}, got {getattr(self, message.split()[0])!r}")
 
     @property
     def greedy(self) -> bool:

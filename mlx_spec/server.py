@@ -75,11 +75,10 @@ def parse_job(body: dict, chat: bool, server: "Server", native: bool = False) ->
     if chat:
         messages = body.get("messages")
         try:
-            check_messages(messages)
+            prompt = check_messages(messages)
         except SpecError as e:
             raise APIError(400, f"'messages': {e}", "messages") from None
-        render_prompt(tokenizer, messages)  # a conversation the chat template rejects: a 400 now
-        prompt = messages
+        ids = render_prompt(tokenizer, prompt)  # a conversation the chat template rejects: a 400 now
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -91,18 +90,23 @@ def parse_job(body: dict, chat: bool, server: "Server", native: bool = False) ->
         elif not isinstance(prompt, str) or not prompt:
             raise APIError(400, f"'prompt' must be non-empty text, a list of one text, or token ids (0 to {vocab - 1})",
                            "prompt")
-        prompt = render_prompt(tokenizer, prompt, raw=True) if isinstance(prompt, str) else prompt
+        prompt = ids = render_prompt(tokenizer, prompt, raw=True) if isinstance(prompt, str) else prompt
+    for key in ("logprobs", "top_logprobs"):
+        if body.get(key) not in (None, False):
+            raise APIError(400, f"'{key}' is not supported: this server returns no log-probabilities; drop it", key)
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
         raise APIError(400, "'stop' must be a text or a list of up to 4 texts", "stop")
     sampling = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
-    if bad := [k for k, v in sampling.items() if isinstance(v, bool) or not isinstance(v, (int, float))]:
-        raise APIError(400, f"'{bad[0]}' must be a number", bad[0])
-    try:
-        params = replace(server.defaults, **sampling)
-    except SpecError as e:
-        raise APIError(400, str(e)) from None
+    for key, value in sampling.items():  # each on its own, so that an error names its field
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise APIError(400, f"'{key}' must be a number", key)
+        try:
+            replace(server.defaults, **{key: value})
+        except SpecError as e:
+            raise APIError(400, str(e), key) from None
+    params = replace(server.defaults, **sampling)
     drafter = body.get("drafter")
     if drafter is not None and drafter not in server.generator.default.status().drafters:
         raise APIError(400, f"'drafter' must be one of {', '.join(server.generator.default.status().drafters)}, "
@@ -113,6 +117,10 @@ def parse_job(body: dict, chat: bool, server: "Server", native: bool = False) ->
         draft_len = server.num_draft
     max_tokens = whole(body, "max_completion_tokens", 1, whole(body, "max_tokens", 1, server.max_tokens))
     seed = whole(body, "seed", 0, 0, MAX_SEED - 1)
+    try:
+        server.generator.default.check_fits(len(ids), max_tokens)
+    except SpecError as e:
+        raise APIError(400, str(e), "messages" if chat else "prompt", "context_length_exceeded") from None
     return Job(prompt, params, max_tokens, stop, seed, drafter, draft_len, time.monotonic() + server.timeout, native)
 
 
@@ -154,12 +162,15 @@ class Server:
                            code="invalid_api_key")
 
     async def health(self, request: Request):
-        return JSONResponse({"status": "ok", "model": self.model_id, "waiting": self.generator.jobs.qsize()})
+        return JSONResponse({"status": "ok", "model": self.model_id, "waiting": self.generator.jobs.qsize(),
+                             "context_length": self.generator.default.context_length, "max_tokens": self.max_tokens})
 
     async def models(self, request: Request):
+        """The model, with its context (prompt and max_tokens together) under vLLM's name, `max_model_len`."""
         self.authorize(request)
-        return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model",
-                                                         "created": 0, "owned_by": "mlx-spec"}]})
+        return JSONResponse({"object": "list", "data": [{"id": self.model_id, "object": "model", "created": 0,
+                                                         "owned_by": "mlx-spec",
+                                                         "max_model_len": self.generator.default.context_length}]})
 
     async def chat_completions(self, request: Request):
         return await self.complete(request, chat=True)

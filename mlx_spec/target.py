@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -78,6 +79,10 @@ def hidden_reader(model, hidden: str | list[int]):
 def hidden_from(start: int, end: int, tail: int | None) -> int:
     """Where a prefill of positions start..end - 1 reads hidden states from, for the last `tail` (None: all)."""
     return start if tail is None else max(start, end - tail)
+
+
+class Interrupted(Exception):
+    """A prefill stopped between chunks (`Target.prefill`'s `interrupted`)."""
 
 
 def next_piece(start: int, end: int, tail: int) -> int:
@@ -156,11 +161,13 @@ class Target:
         # a cut-back cache would leave drafters that read hidden states without those of the cut positions
         return common if trimmable(self.cache) and self.read_hidden is None else 0
 
-    def prefill(self, tokens: list[int], cached: list[int] = (), hidden: bool = True) -> Step:
+    def prefill(self, tokens: list[int], cached: list[int] = (), hidden: bool = True,
+                interrupted: Callable[[], bool] = lambda: False) -> Step:
         """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback. The prefix
         it shares with `cached` (what the cache holds now) is reused when the cache allows. Returns the hidden
         states of the last positions it ran (`hidden_tail` of them, or all) when they were asked for and `hidden`,
-        no logits."""
+        no logits. `interrupted()` is asked between chunks: when true, the cache is emptied and `Interrupted`
+        raised."""
         keep = self.reusable(cached, tokens)
         if keep:
             rollback(self.cache, self.offset - keep, self.offset)
@@ -172,6 +179,9 @@ class Target:
         read, states, start = self.read_hidden is not None and hidden, [], keep
         tail = hidden_from(keep, len(tokens), self.hidden_tail if read else 0)
         while start < len(tokens):
+            if interrupted():
+                self.reset()
+                raise Interrupted
             end = next_piece(start, len(tokens), tail)
             step = self.forward(tokens[start:end])
             states += [step.hidden] if read and start >= tail else []

@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple
 
 os.environ.setdefault("MLX_SPEC_BLAS", "bundled")  # as the tests run (conftest.py): trained on MLX's own BLAS
 import mlx_spec  # noqa: E402, F401  before anything imports mlx
-from tiny import HEAD_TEXTS, build_checkpoint, build_layer_skip_draft, build_tokenizer
+from tiny import HEAD_TEXTS, build_checkpoint, build_layer_skip_draft, build_tokenizer, with_context
 from tiny_block import train_block_drafter
 from tiny_gemma4 import build_gemma4_assistant, build_gemma4_target, distill_gemma4_assistant
 from tiny_heads import build_eagle3, build_medusa, build_mtp_head
@@ -88,6 +88,7 @@ def build_bases(root: Path, tokenizers: dict[str, Path], progress: Callable[[str
         "gemma4-assistant": lambda out: build_gemma4_assistant(out, paths["gemma4"]),
         "gemma4-assistant-dense": lambda out: build_gemma4_assistant(out, paths["gemma4"], ordered=False),
         "qwen3-draft": lambda out: build_layer_skip_draft(out, paths["qwen3"], keep_layers=2),
+        "qwen3-long": lambda out: with_context(out, paths["qwen3"], 131072),  # the server's: hours of tokens fit
         "llama-draft": lambda out: build_layer_skip_draft(out, paths["llama"], keep_layers=1),
         "gemma3-draft": lambda out: build_layer_skip_draft(out, paths["gemma3"], keep_layers=3),
         "qwen3_5-draft": lambda out: build_layer_skip_draft(out, paths["qwen3_5"], keep_layers=4),

@@ -306,7 +306,7 @@ def test_fuzzed_batch_lines_are_skipped_or_run_never_a_traceback(tiny, tmp_path,
     assert all({"id", "text", "stop_reason", "stats"} <= set(r) for r in out.values())
     for number, line in enumerate(requests.read_bytes().split(b"\n"), start=1):
         if line.strip() and number not in skipped:  # not reported as bad: it was generated
-            assert str(json.loads(line)["id"]) in out, (number, line)
+            assert json.loads(line)["id"] in out, (number, line)
     assert len(skipped) > 50 and len(out) > 10 and max(skipped) == len(lines) + 1  # the torn last line
 
 
@@ -467,7 +467,56 @@ def test_refusals_found_by_fuzzing(paths, capsys, case):
             "add-mtp to a bad config": ["convert", "--add-mtp", "--hf-path", paths["qwen3"], "--mlx-path",
                                         paths["bad-config"]]}[case]
     fragment = {"kv group larger than the head": "--kv-group-size 64 does not divide its head size 32",
-                "gemma4 quantized kv": "Gemma 4's KV-shared layers", "convert under a file": "cannot make the folder",
+                "gemma4 quantized kv": "Gemma 4's KV-shared layers",
+                "convert under a file": "cannot write in the folder",
                 "add-mtp to a bad config": "is not valid JSON"}[case]
     status, stderr, _ = run_main(capsys, *argv)
     assert status == 2 and fragment in stderr, stderr
+
+
+# -- issue 37: the edges a new user found ----------------------------------------------------------------------
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("command", ["batch", "bench", "convert", "train-mtp"])
+def test_outputs_where_no_file_can_be_made_are_refused_before_loading(paths, capsys, command):
+    argv = {"batch": ["batch", paths["requests"], "-o", "/proc/out.jsonl", "--model", paths["qwen3"]],
+            "bench": ["bench", "--json", "/proc/report.json", "--model", paths["qwen3"]],
+            "convert": ["convert", "--hf-path", paths["qwen3"], "--mlx-path", "/proc/converted"],
+            "train-mtp": ["train-mtp", "--model", paths["qwen3"], "--data", paths["prompts"], "--out", "/proc/head"],
+            }[command]
+    status, err, _ = run_main(capsys, *argv)
+    assert status == 2 and ("no file can be made in /proc" in err or "cannot write in the folder /proc" in err), err
+    assert "drafter:" not in err and "bench:" not in err and "[INFO]" not in err  # nothing loaded or written
+
+
+def test_a_special_file_is_no_output(paths, capsys):
+    status, err, _ = run_main(capsys, "bench", "--json", os.devnull, "--model", paths["qwen3"])
+    assert status == 2 and "is not a regular file" in err and "bench:" not in err, err
+
+
+def test_closed_stdin_and_a_full_disk_are_one_line_errors(tiny):
+    generate = f"{sys.executable} -m mlx_spec.cli generate --model {tiny['qwen3']} --max-tokens 3"
+    proc = subprocess.run(["bash", "-c", f"{generate} --prompt - <&-"], capture_output=True, text=True, timeout=300)
+    assert_one_line_error(proc, "--prompt - reads the prompt from stdin, which is closed")
+    if os.path.exists("/dev/full"):  # Linux: every write fails with "No space left on device"
+        proc = subprocess.run(["bash", "-c", f"{generate} --prompt hi > /dev/full"], capture_output=True, text=True,
+                              timeout=300)
+        assert_one_line_error(proc, "cannot write the output (No space left on device)")
+
+
+def test_checkpoints_without_a_tokenizer_or_with_a_truncated_mtp_file(tiny, tmp_path, capsys):
+    from mlx_spec.loading import DEMO
+
+    bare = shutil.copytree(tiny["qwen3"], tmp_path / "bare", ignore=shutil.ignore_patterns("tokenizer*"))
+    status, err, _ = run_main(capsys, "generate", "--model", bare, "--prompt", "hi")
+    assert status == 2 and "holds no tokenizer" in err, err
+    demo = shutil.copytree(DEMO / "demo", tmp_path / "demo")
+    data = (demo / "mtp.safetensors").read_bytes()
+    (demo / "mtp.safetensors").write_bytes(data[: len(data) // 2])
+    status, err, _ = run_main(capsys, "generate", "--model", demo, "--prompt", "hi")
+    assert status == 2 and "mtp.safetensors" in err and "truncated or corrupt" in err, err
+
+
+def test_a_prompt_past_the_context_is_refused(tiny, capsys):
+    status, err, _ = run_main(capsys, "generate", "--model", tiny["qwen3"], "--prompt", "hi", "--max-tokens", "5000")
+    assert status == 2 and "more than the model's context of 4096: shorten the prompt or lower max_tokens" in err, err

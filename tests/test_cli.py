@@ -2,6 +2,8 @@
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
@@ -61,7 +63,8 @@ def corrupt_model(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing", "not-a-model", "corrupt", "other-vocab", "temp", "top-p",
-                                  "empty-prompt", "unknown-name", "num-draft", "max-tokens", "hub-offline"])
+                                  "empty-prompt", "unknown-name", "num-draft", "max-tokens", "hub-offline",
+                                  "off-and-num-draft", "ngram-and-draft-model", "tree-width", "empty-stop"])
 def test_bad_input_is_a_one_line_error(tiny, tmp_path, corrupt_model, case):
     model = ["--model", str(tiny["qwen3"])]
     args, fragments = {
@@ -76,10 +79,27 @@ def test_bad_input_is_a_one_line_error(tiny, tmp_path, corrupt_model, case):
         "num-draft": (model + ["--num-draft", "99"], ["draft length"]),
         "max-tokens": (model + ["--max-tokens", "0"], ["max_tokens"]),
         "hub-offline": (["--model", "no-such-org/no-such-model"], ["could not fetch", "local directory"]),
+        "off-and-num-draft": (model + ["--drafter", "off", "--num-draft", "3"], ["--drafter off drafts nothing"]),
+        "ngram-and-draft-model": (model + ["--drafter", "ngram", "--draft-model", str(tiny["qwen3-draft"])],
+                                  ["--draft-model is the draft-model drafter's, not --drafter ngram's"]),
+        "tree-width": (model + ["--tree-width", "99"], ["tree width must be from 1 (a chain) to 8"]),
+        "empty-stop": (model + ["--stop", ""], ["stop strings must be non-empty"]),
     }[case]
     prompt = "" if case == "empty-prompt" else "hello"
     proc = run_cli("generate", *args, "--prompt", prompt, env={"HF_HUB_OFFLINE": "1"})
     assert_one_line_error(proc, *fragments)
+    if case in ("num-draft", "off-and-num-draft", "ngram-and-draft-model", "tree-width"):
+        assert "drafter:" not in proc.stderr  # refused before the model loaded
+
+
+def test_help_loads_neither_mlx_nor_mlx_lm():
+    """Help and argument errors come at once: building the parser imports no MLX, mlx-lm or transformers."""
+    for args in (["--help"], ["generate", "--help"], ["serve", "--port"]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "mlx_spec.cli", *args], capture_output=True,
+                              text=True, timeout=300)
+        imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+        assert "mlx_spec.cli" in imported or "argparse" in imported, proc.stderr[-2000:]
+        assert not {"mlx.core", "mlx_lm", "transformers"} & imported, proc.stderr[-2000:]
 
 
 def test_not_enough_memory_for_the_draft_is_refused(tiny, monkeypatch):

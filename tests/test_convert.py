@@ -43,6 +43,27 @@ def test_quantized_round_trip(tiny, tmp_path):
     assert result.stats.drafted > 0
 
 
+def test_a_conversion_converts_again_and_is_not_requantized(tiny, tmp_path):
+    """Its own output (here 8-bit, MTP layer in mtp.safetensors) converts again as it is; asking to quantize it
+    again, change its dtype or pass --q-bits without -q is a one-line refusal that writes nothing."""
+    q8 = tmp_path / "q8"
+    converted_q8(tiny["qwen3_5"], q8)
+    again = tmp_path / "again"
+    proc = run_cli("convert", "--hf-path", str(q8), "--mlx-path", str(again))
+    assert proc.returncode == 0 and "Kept the MTP layer" in proc.stderr + proc.stdout, proc.stderr
+    assert (again / "mtp.safetensors").read_bytes() == (q8 / "mtp.safetensors").read_bytes()
+    engine = mlx_spec.load(str(again), draft_len=2)
+    ids = engine.encode(PROMPT)
+    result = mlx_spec.generate(engine, ids, max_tokens=30)
+    assert result.tokens == plain_greedy(q8, ids, 30) and result.stats.drafted > 0
+    for flags, fragment in ((["-q", "--q-bits", "4"], "already quantized (8-bit), which -q cannot undo"),
+                            (["--dtype", "float16"], "which --dtype cannot undo"),
+                            (["--q-bits", "4"], "--q-bits 4 applies only with -q")):
+        proc = run_cli("convert", "--hf-path", str(q8), "--mlx-path", str(tmp_path / "refused"), *flags)
+        assert_one_line_error(proc, fragment)
+        assert not (tmp_path / "refused").exists()
+
+
 def sharded_copy(src, dst):
     """The checkpoint split as published models are: mtp.* in the last shard, with an index."""
     dst = shutil.copytree(src, dst)

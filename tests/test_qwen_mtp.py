@@ -236,8 +236,8 @@ def test_a_sequence_starting_where_drafting_does_not_pay_skips_its_prompt_rows(m
     when drafting turns on it drafts from the positions decoded since, and the output equals plain decoding."""
     engine = mlx_spec.load(str(DEMO / "demo"), drafter="mtp")
     asked, prefill = [], Target.prefill
-    monkeypatch.setattr(Target, "prefill", lambda self, tokens, cached=(), hidden=True:
-                        asked.append(hidden) or prefill(self, tokens, cached, hidden))
+    monkeypatch.setattr(Target, "prefill", lambda self, tokens, cached=(), hidden=True, **rest:
+                        asked.append(hidden) or prefill(self, tokens, cached, hidden, **rest))
     engine.next_policy = Unreadied()
     prompt = engine.encode(PROMPT)
     result = engine.generate(prompt, max_tokens=40)

@@ -13,13 +13,14 @@ import openai
 import pytest
 from helpers import KEY, PROMPT, assert_one_line_error, run_cli, start_server
 
-LONG = 100_000  # tokens: minutes of generation, cut short by the test
+LONG = 100_000  # tokens: minutes of generation, cut short by the test (qwen3-long's context holds them)
+LONG_PROMPT = [7] * 30_000  # token ids whose prefill takes minutes on the tiny model
 
 
 @pytest.fixture(scope="module")
 def server(tiny):
     proc, url = start_server(tiny)
-    yield url, str(tiny["qwen3"])
+    yield url, str(tiny["qwen3-long"])
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130  # Ctrl+C: as every command
 
@@ -47,6 +48,12 @@ def test_chat_and_completions_through_the_openai_client(server, tiny):
     assert usage["completion_tokens"] == 24 or chat.choices[0].finish_reason == "stop"
     assert usage["drafter"] == "draft-model" and usage["draft_n"] >= usage["draft_n_accepted"] >= 0
     assert {"acceptance_rate", "mean_acceptance_length"} <= set(usage)
+    parts = [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]  # OpenAI's content parts
+    assert api.chat.completions.create(model=model, messages=[{"role": "user", "content": parts}],
+                                       max_tokens=24).choices[0].message.content == chat.choices[0].message.content
+    health = httpx.get(f"{url}/health", timeout=30).json()
+    assert health["context_length"] == 131072 and health["max_tokens"] == 512
+    assert api.models.list().data[0].model_dump()["max_model_len"] == 131072
 
     streamed = list(api.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
                                                 max_tokens=24, stream=True, stream_options={"include_usage": True}))
@@ -113,8 +120,8 @@ def test_a_batch_size_of_one_decodes_one_at_a_time(tiny):
     try:
         api = client(url)
         with ThreadPoolExecutor(4) as pool:
-            sizes = list(pool.map(lambda i: api.completions.create(model=str(tiny["qwen3"]), prompt=f"{PROMPT}{i}",
-                                                                   max_tokens=8)
+            model = str(tiny["qwen3-long"])
+            sizes = list(pool.map(lambda i: api.completions.create(model=model, prompt=f"{PROMPT}{i}", max_tokens=8)
                                   .usage.model_dump()["batch_size"], range(4)))
         assert sizes == [1] * 4
     finally:
@@ -134,25 +141,33 @@ def test_a_client_that_goes_away_frees_the_server(server):
     assert answer.usage.completion_tokens == 4
 
 
-@pytest.mark.parametrize("body,status,fragment", [
-    (b"{not json", 400, "not valid JSON"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "'n' must be 1"),
-    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, 404, "model 'gpt-4' not found"),
-    ({"messages": "hi"}, 400, "'messages'"),
-    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature"),
-    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "'max_tokens'"),
-    ({"messages": [{"role": "user", "content": "hi"}], "drafter": "eagle"}, 400, "'drafter' must be one of"),
-    ({"messages": [{"role": "user", "content": "hi"}], "num_draft": 99}, 400, "draft length"),
-    ({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "'stream'"),
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("body,status,fragment,param", [
+    (b"{not json", 400, "not valid JSON", None),
+    ({"messages": HI, "n": 2}, 400, "'n' must be 1", "n"),
+    ({"messages": HI, "model": "gpt-4"}, 404, "model 'gpt-4' not found", "model"),
+    ({"messages": "hi"}, 400, "'messages'", "messages"),
+    ({"messages": HI, "temperature": -1}, 400, "temperature must be 0 (greedy) or between", "temperature"),
+    ({"messages": HI, "top_p": 2}, 400, "top_p must be in [1e-06, 1] (1 disables it), got 2.0", "top_p"),
+    ({"messages": HI, "max_tokens": 0}, 400, "'max_tokens'", "max_tokens"),
+    ({"messages": HI, "max_tokens": 200_000}, 400, "more than the model's context of 131072", "messages"),
+    ({"messages": HI, "logprobs": True, "top_logprobs": 2}, 400, "'logprobs' is not supported", "logprobs"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], }, 400,
+     "parts of type 'image_url' are not supported", "messages"),
+    ({"messages": HI, "drafter": "eagle"}, 400, "'drafter' must be one of", "drafter"),
+    ({"messages": HI, "num_draft": 99}, 400, "draft length", "num_draft"),
+    ({"messages": HI, "stream": "yes"}, 400, "'stream'", "stream"),
 ])
-def test_bad_requests_get_openai_shaped_errors(server, body, status, fragment):
+def test_bad_requests_get_openai_shaped_errors(server, body, status, fragment, param):
     url, _ = server
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     response = httpx.post(f"{url}/v1/chat/completions", content=content, timeout=30,
                           headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     assert response.status_code == status
     error = response.json()["error"]
-    assert fragment in error["message"] and {"type", "param", "code"} <= set(error)
+    assert fragment in error["message"] and error["param"] == param and {"type", "code"} <= set(error)
 
 
 @pytest.mark.parametrize("prompt", [[1, 2, 10**9], [-1], [], ""])
@@ -161,6 +176,18 @@ def test_bad_completion_prompts_get_400(server, prompt):
     response = httpx.post(f"{url}/v1/completions", json={"prompt": prompt}, timeout=30,
                           headers={"Authorization": f"Bearer {KEY}"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+
+
+def test_a_long_prompt_does_not_starve_short_requests(server):
+    """A prompt whose prefill takes minutes runs in chunks between the rounds of requests that come after it."""
+    url, model = server
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", f"{url}/v1/completions", headers=headers, timeout=60,
+                      json={"model": model, "prompt": LONG_PROMPT, "max_tokens": 4, "stream": True}) as long:
+        time.sleep(2)  # its prefill under way
+        answer = client(url).completions.create(model=model, prompt="def f", max_tokens=4, timeout=60)
+        assert answer.usage.completion_tokens == 4 and not long.is_closed
+    # gone: its prefill stops at the next chunk
 
 
 def test_mlx_spec_routes_stream_the_engine_events(server):
@@ -214,7 +241,7 @@ def test_authentication_and_unknown_routes(server):
 
 def test_queue_full_and_shutdown_with_requests_in_flight(tiny):
     proc, url = start_server(tiny, "--max-queue", "1", "--batch-size", "1")  # a second request waits
-    model, headers = str(tiny["qwen3"]), {"Authorization": f"Bearer {KEY}"}
+    model, headers = str(tiny["qwen3-long"]), {"Authorization": f"Bearer {KEY}"}
     try:
         with httpx.stream("POST", f"{url}/v1/completions", headers=headers, timeout=120,
                           json={"model": model, "prompt": PROMPT, "max_tokens": LONG, "stream": True}) as running:
@@ -244,11 +271,16 @@ def test_queue_full_and_shutdown_with_requests_in_flight(tiny):
             os.kill(proc.pid, signal.SIGKILL)
 
 
-def test_a_request_past_the_timeout_ends_with_504(tiny):
-    proc, url = start_server(tiny, "--timeout", "2")
+@pytest.mark.parametrize("batch_size", ["1", "4"])  # one at a time, and in a batch
+def test_a_request_past_the_timeout_ends_with_504(tiny, batch_size):
+    """Also in its prefill: a prompt whose prefill would take minutes ends at the timeout."""
+    proc, url = start_server(tiny, "--timeout", "2", "--batch-size", batch_size)
     try:
         response = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
                               json={"prompt": PROMPT, "max_tokens": LONG})
+        assert response.status_code == 504 and "--timeout of 2 s" in response.json()["error"]["message"]
+        response = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+                              json={"prompt": LONG_PROMPT, "max_tokens": 4})
         assert response.status_code == 504 and "--timeout of 2 s" in response.json()["error"]["message"]
         answer = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
                             json={"prompt": PROMPT, "max_tokens": 4})

@@ -361,6 +361,17 @@ def build_layer_skip_draft(out_dir: str | Path, target_dir: str | Path, keep_lay
     return write_checkpoint(Path(out_dir), cfg, weights, target_dir)
 
 
+def with_context(out_dir: str | Path, source_dir: str | Path, positions: int) -> Path:
+    """A copy of the checkpoint in `source_dir` whose config states a context of `positions` (the same weights)."""
+    import shutil
+
+    out_dir = Path(shutil.copytree(source_dir, out_dir))
+    cfg = json.loads((out_dir / "config.json").read_text())
+    cfg.get("text_config", cfg)["max_position_embeddings"] = positions
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out_dir
+
+
 def build_bench_pair(hidden: int, layers: int, draft_layers: int = 2) -> tuple[Path, Path]:
     """A benchmark-sized qwen3 target and its layer-skip draft, in a fresh temporary folder."""
     import atexit

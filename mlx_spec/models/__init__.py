@@ -46,6 +46,16 @@ def load_exactly(module, weights: dict, misfit: str) -> None:
     materialize(module)
 
 
+def load_weights(file: Path | str, return_metadata: bool = False):
+    """mx.load of one safetensors file, or a SpecError for a truncated or corrupt one."""
+    try:
+        return mx.load(str(file), return_metadata=return_metadata)
+    except (RuntimeError, ValueError, OSError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SpecError(f"cannot read {file} ({reason}): the file is truncated or corrupt; re-download or "
+                        "re-convert it") from None
+
+
 def read_safetensors(path: Path, what: str) -> dict:
     """Every tensor of the *.safetensors files in `path`, a checkpoint that declares itself `what` (for errors)."""
     files = sorted(path.glob("*.safetensors"))
@@ -57,5 +67,5 @@ def read_safetensors(path: Path, what: str) -> dict:
         raise SpecError(f"{path} declares {what} but holds no *.safetensors weights: re-download it")
     weights = {}
     for file in files:
-        weights.update(mx.load(str(file)))
+        weights.update(load_weights(file))
     return weights

@@ -27,7 +27,7 @@ from mlx_lm.models import gemma4_text
 
 from ..compat import gemma4_layer
 from ..errors import SpecError
-from . import load_exactly
+from . import load_exactly, load_weights
 
 MODEL_TYPE = "gemma4_assistant"
 
@@ -118,7 +118,7 @@ def load_assistant(path: Path) -> Gemma4Assistant:
     config = json.loads((path / "config.json").read_text())
     weights = {}
     for file in sorted(path.glob("model*.safetensors")):
-        weights.update(mx.load(str(file)))
+        weights.update(load_weights(file))
     if "masked_embedding.token_ordering" in weights:  # int64 on the hub: ids, never cast
         weights["masked_embedding.token_ordering"] = weights["masked_embedding.token_ordering"].astype(mx.int32)
     if not config.get("use_ordered_embeddings"):  # 26B / 31B configs may still name centroids they lack

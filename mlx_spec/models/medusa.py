@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import SpecError
-from . import load_exactly
+from . import load_exactly, load_weights
 
 WEIGHTS = "medusa_lm_head.safetensors"
 
@@ -74,7 +74,7 @@ def load_medusa(path: Path, config: dict) -> MedusaHeads:
                             f"state dict as {WEIGHTS} (safetensors.torch.save_file) and retry")
         raise SpecError(f"{path} declares Medusa heads but holds no {WEIGHTS}: re-download the heads")
     heads, layers = medusa_shape(config, path)
-    weights, renamed = mx.load(str(file)), {}
+    weights, renamed = load_weights(file), {}
     for name, value in weights.items():
         match = re.fullmatch(r"(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)", name)
         head, block, kind = (int(match[1]), int(match[2]), match[3]) if match else (heads, 0, "")

@@ -23,7 +23,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 
 from ..errors import SpecError
-from . import load_exactly, to_target_vocabulary
+from . import load_exactly, load_weights, to_target_vocabulary
 
 ARCHITECTURE = "MTPHead"
 KINDS = ("llama", "mistral", "qwen2", "qwen3")  # dense targets whose layers are called (x, mask, cache)
@@ -94,7 +94,7 @@ def load_head(path: Path, config: dict, target, target_config: dict) -> MTPHead:
             raise SpecError(f"the MTP head in {path} was trained for a target with {key} "
                             f"{config.get(f'target_{key}')!r}, this one has {target_config.get(key)!r}: train one for "
                             "this model with `mlx-spec train-mtp`")
-    weights = dict(mx.load(str(path / "model.safetensors")))
+    weights = dict(load_weights(path / "model.safetensors"))
     head = MTPHead(target, weights.pop("ids").astype(mx.int32), config["rms_norm_eps"])
     load_exactly(head, weights, f"the MTP head in {path} does not fit its config ({{}}): train it again")
     return head

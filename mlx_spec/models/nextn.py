@@ -23,7 +23,7 @@ from mlx_lm.models.base import create_attention_mask
 
 from .. import compat
 from ..errors import SpecError
-from . import load_exactly
+from . import load_exactly, load_weights
 
 LAYERS = {"deepseek_v3": (deepseek_v3, deepseek_v3.DeepseekV3DecoderLayer),
           "glm4_moe": (glm4_moe, glm4_moe.DecoderLayer)}  # model_type -> (mlx-lm module, its decoder layer)
@@ -73,7 +73,7 @@ def read_nextn_tensors(files, config: dict) -> tuple[dict, bool]:
     whether they are Hugging Face originals whose block still needs mlx-lm's conversion (`compat`)."""
     tensors, original = {}, False
     for file in files:
-        weights = mx.load(str(file))
+        weights = load_weights(file)
         for key, value in weights.items():
             if key.startswith(STORED):
                 tensors[key[len(STORED):]] = value

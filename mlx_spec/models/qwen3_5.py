@@ -28,7 +28,7 @@ from mlx_lm.models.gated_delta import compute_g, normalize_qk
 from ..caches import RecurrentCache
 from ..compat import swap_class
 from ..errors import SpecError
-from . import load_exactly
+from . import load_exactly, load_weights
 
 
 @mx.compile
@@ -226,7 +226,7 @@ def read_mtp_tensors(files) -> tuple[dict, bool]:
     (anything not written by MLX) whose norms still need the 1 + w shift."""
     tensors, zero_centred = {}, False
     for file in files:
-        weights, metadata = mx.load(str(file), return_metadata=True)
+        weights, metadata = load_weights(file, return_metadata=True)
         found = {k: v for k, v in weights.items() if k.startswith("mtp.")}
         if found:
             tensors.update(found)

@@ -1,0 +1,35 @@
+"""The one table of drafters that the CLI, the chat, bench and loading read. It imports nothing heavy, so the
+command line's help and argument errors come without loading MLX or mlx-lm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    help: str
+    max_draft_len: int  # the adaptive policy's upper bound unless models.toml recommends one
+
+
+DRAFTERS = {kind.name: kind for kind in [
+    DrafterKind("mtp", "the checkpoint's own multi-token prediction layer (Qwen 3.5 / 3.6, Qwen3-Next; the nextn "
+                       "layer of DeepSeek-V3 and GLM-4.5+)", 3),
+    DrafterKind("draft-model", "a smaller model of the same vocabulary, a Gemma 4 assistant, Medusa or EAGLE-3 "
+                               "heads, or a DFlash / DFlash2 / DSpark block drafter (--draft-model)", 6),
+    DrafterKind("ngram", "prompt lookup: continue as the prompt or output continued before; no extra memory", 6),
+    DrafterKind("lookahead", "lookahead decoding: Jacobi trajectories run beside each verification fill an n-gram "
+                             "pool; no extra weights (targets that verify token trees)", 4),
+    DrafterKind("off", "plain decoding", 0),
+]}
+ASSISTANT_MAX_DRAFT_LEN = 4  # a Gemma 4 assistant, the draft-model drafter's other kind
+DEFAULT_ORDER = ("the draft model given with --draft-model, else the checkpoint's MTP layer when it has one, "
+                 "else the draft model models.toml lists, else ngram")
+
+
+def default_drafter(draft_model_given: bool, has_mtp: bool, listed_draft_model: bool) -> str:
+    """The drafter used when none is chosen, in DEFAULT_ORDER."""
+    if draft_model_given:
+        return "draft-model"
+    return "mtp" if has_mtp else "draft-model" if listed_draft_model else "ngram"
