@@ -329,6 +329,20 @@ class Server:
             job.cancelled = True  # a client that went away stops its generation at the next round
 
 
+def check_port(host: str, port: int) -> None:
+    """A SpecError unless this process can listen on host:port now (as uvicorn will, with SO_REUSEADDR)."""
+    import socket
+
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        raise SpecError(f"cannot listen on {host}:{port} ({e.strerror or e}): choose another --port or --host, or "
+                        "stop what uses it") from None
+
+
 def serve(server: Server, host: str, port: int) -> None:
     """Run until Ctrl+C or SIGTERM; requests in flight then end with an error. After SIGTERM this returns (exit
     status 0); after Ctrl+C uvicorn raises it again (KeyboardInterrupt: status 130, as every command)."""

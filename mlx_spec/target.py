@@ -120,14 +120,15 @@ class Target:
 
     def tree_problem(self, by_levels: bool = False) -> str | None:
         """Why this model cannot verify a token tree in one forward, or, `by_levels`, grow one a level per
-        forward (a draft model's trees); None when it can."""
+        forward (a draft model's trees), said after the model's name ("has ..."); None when it can."""
         if not verifies_trees(self.cache, by_levels):
             if verifies_trees(self.cache):
-                return "its sliding-window layers verify a tree in one forward but cannot grow one level by level"
-            return "its recurrent layers keep one sequence, not the branches of a tree"
+                return ("has sliding-window layers, which verify a tree in one forward but cannot grow one level by "
+                        "level")
+            return "has recurrent layers, which keep one sequence, not the branches of a tree"
         check_trees()
         if compat.positioned_ropes(self.model) != len(self.cache):
-            return "not every attention layer has a rotary embedding of its own that mlx-spec can place"
+            return "has attention layers without a rotary embedding of their own that mlx-spec can place"
         self.tree_ready = True
         return None
 

@@ -116,3 +116,10 @@ def test_not_enough_memory_for_the_draft_is_refused(tiny, monkeypatch):
     monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=target_bytes - 1))
     with pytest.raises(SpecError, match="not enough memory for the target model"):
         mlx_spec.load(str(tiny["qwen3"]), drafter="off")
+
+
+def test_chat_without_a_terminal_is_refused_before_loading(tiny):
+    proc = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "chat", "--model", str(tiny["qwen3"])],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert_one_line_error(proc, "chat needs a terminal")
+    assert "drafter:" not in proc.stderr and "\x1b[" not in proc.stdout

@@ -4,6 +4,7 @@ client and by plain HTTP."""
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -290,8 +291,34 @@ def test_a_request_past_the_timeout_ends_with_504(tiny, batch_size):
         assert proc.wait(timeout=60) == 0
 
 
+def test_sigterm_during_a_long_prefill_ends_quietly(tiny):
+    proc, url = start_server(tiny)
+    answers = {}
+    thread = threading.Thread(target=lambda: answers.update(response=httpx.post(
+        f"{url}/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=60,
+        json={"prompt": LONG_PROMPT, "max_tokens": 4})))
+    thread.start()
+    time.sleep(2)  # its prefill under way, minutes from its end
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=60) == 0
+        thread.join(timeout=60)
+        assert answers["response"].status_code == 503 and "shutting down" in answers["response"].text
+        stderr = proc.stderr.read()
+        assert "Traceback" not in stderr and "terminate called" not in stderr, stderr
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+
+
 def test_serve_refuses_bad_options(tiny):
     proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--port", "70000")
     assert proc.returncode == 2 and "--port must be from 0 to 65535" in proc.stderr
+    with socket.socket() as taken:  # a port in use: refused before the model loads
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--port", str(taken.getsockname()[1]))
+    assert_one_line_error(proc, "cannot listen on 127.0.0.1:", "choose another --port")
+    assert "drafter:" not in proc.stderr
     proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--drafter", "lookahead", "--batch-size", "2")
     assert_one_line_error(proc, "--batch-size 2", "does not draft in batches", "--batch-size 1")

@@ -202,8 +202,8 @@ def test_sliding_window_targets_verify_trees_past_the_window(tiny):
     result = engine.generate(ids, max_tokens=90)
     assert result.tokens == expected and result.stats.nodes > result.stats.drafted and result.stats.accepted > 0
     engine = mlx_spec.load(str(tiny["gemma3"]), draft_model=str(tiny["gemma3-draft"]), tree_width=3)
-    assert engine.status().shape.startswith("chain (no tree: gemma3-draft its sliding-window layers verify a tree "
-                                            "in one forward but cannot grow one level by level")
+    assert engine.status().shape.startswith("chain (no tree: gemma3-draft has sliding-window layers, which verify a "
+                                            "tree in one forward but cannot grow one level by level")
     assert engine.generate(ids, max_tokens=60).tokens == expected[:60]
 
 
