@@ -35,6 +35,7 @@ from .caches import TreeKVCache, tree_forward
 from .compat import positioned_ropes
 from .errors import SpecError
 from .files import check_writable
+from .models import weight_rows
 from .models.mtp_head import MTPHead, check_trainable, head_config, save_head
 
 TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst", ".json", ".toml", ".c", ".h", ".js", ".ts", ".rs", ".go", ".java")
@@ -94,8 +95,8 @@ class Trainer:
         self.head = MTPHead(target, mx.array(ids), config.get("rms_norm_eps", 1e-6))
         h = self.head.eh_proj.weight.shape[0]  # start from x = (enorm(embedding) + hnorm(hidden)) / 2
         self.head.eh_proj.weight = mx.concatenate([mx.eye(h), mx.eye(h)], axis=1) / 2
-        self.head.lm_head.weight = output_weight(target)[mx.array(ids)]
-        self.target_head = output_weight(target)[mx.array(ids)]  # the target's rows over the head's vocabulary
+        self.head.lm_head.weight = weight_rows(output_layer(target), mx.array(ids))
+        self.target_head = self.head.lm_head.weight  # the target's rows over the head's vocabulary
         if draft_steps > 1 and not positioned_ropes(self.head):
             raise SpecError(f"--draft-steps {draft_steps} needs rotary position embeddings in the target's layers")
         self.batch, self.draft_steps, self.reuse = max(1, batch_tokens // seq_len), draft_steps, reuse
@@ -184,7 +185,7 @@ class Trainer:
             n = self.rows(tokens)
             chain = np.ones(n, dtype=bool)
             for j, out in enumerate(self.unroll(self.head, tokens, hidden), 1):
-                wanted = np.array(mx.argmax(hidden[0, j:n + j] @ output_weight(self.target).T, -1))
+                wanted = np.array(mx.argmax(target_logits(self.target, hidden[0, j:n + j]), -1))
                 guess = np.array(self.head.ids[mx.argmax(self.head.reduced_logits(out[0]), -1)])
                 hits[j - 1] += (chain & (guess == wanted)).sum()
                 seen[j - 1] += chain.sum()
@@ -284,9 +285,15 @@ def report(acceptance: dict[str, list[float]], draft_steps: int) -> str:
                                                  if draft_steps > 1 else "") for pool, a in acceptance.items())
 
 
-def output_weight(target) -> mx.array:
+def output_layer(target) -> nn.Module:
+    """The target's output projection: its lm_head, or its tied (maybe quantized) embedding."""
     head = getattr(target, "lm_head", None)
-    return head.weight if head is not None else target.model.embed_tokens.weight
+    return head if head is not None else target.model.embed_tokens
+
+
+def target_logits(target, hidden: mx.array) -> mx.array:
+    layer = output_layer(target)
+    return layer(hidden) if isinstance(layer, (nn.Linear, nn.QuantizedLinear)) else layer.as_linear(hidden)
 
 
 def train(model: str, data: list[str] | None, out: str, steps: int = 2000, batch_tokens: int = 512,

@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from helpers import assert_one_line_error, default_ctrl_c, plain_greedy, run_cli
+from helpers import assert_one_line_error, converted_q8, default_ctrl_c, plain_greedy, run_cli
 from safetensors.numpy import load_file
 from tiny import HEAD_TEXTS, corpus_text
 from tiny_heads import greedy_continuations
@@ -217,3 +217,28 @@ def test_mtp_head_flags(tiny):
     assert_one_line_error(pre, "post-norm hidden state")
     engine = mlx_spec.load(str(tiny["qwen3"]), mtp_path=head, drafter="ngram")
     assert "mtp" in engine.status().drafters and engine.with_drafter("mtp").status().drafter == "mtp"
+
+
+def test_heads_for_a_quantized_target(tiny, tmp_path, corpus):
+    """Most Macs run quantized targets: the suite's head, trained on the float model, drafts exactly for its 8-bit
+    conversion (drafts accepted and rejected: on random weights 8 bits change many continuations), and train-mtp trains on the quantized target itself (frozen as it is, the head
+    in float), writing a head that drafts for it exactly."""
+    q8 = tmp_path / "q8"
+    converted_q8(tiny["qwen3"], q8)
+    engine = mlx_spec.load(str(q8), mtp_path=str(tiny["qwen3-mtp-head"]), draft_len=2)
+    assert type(engine.target.model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"
+    first = []
+    for text in HEAD_TEXTS:
+        ids = engine.encode(text)
+        result = engine.generate(ids, max_tokens=40)
+        assert result.tokens == plain_greedy(q8, ids, 40)
+        first.append(result.stats.per_position_acceptance[0])
+    assert 0 < min(first) and max(first) < 1, first
+    command = train_command(tiny, corpus, tmp_path / "head", "--steps", "3")
+    command[command.index(str(tiny["qwen3"]))] = str(q8)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    engine = mlx_spec.load(str(q8), mtp_path=str(tmp_path / "head"), draft_len=2)
+    assert type(engine.drafter.mtp.layers[0].self_attn.q_proj).__name__ == "Linear"
+    ids = engine.encode(HEAD_TEXTS[0])
+    assert engine.generate(ids, max_tokens=40).tokens == plain_greedy(q8, ids, 40)

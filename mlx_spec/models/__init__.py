@@ -1,8 +1,10 @@
 """Thin extensions of mlx-lm's model classes, one module per architecture family."""
 
+import copy
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from ..errors import SpecError
 
@@ -44,6 +46,34 @@ def load_exactly(module, weights: dict, misfit: str) -> None:
     except ValueError as e:
         raise SpecError(misfit.format(e)) from None
     materialize(module)
+
+
+def weight_rows(module, rows: mx.array) -> mx.array:
+    """Rows of a Linear's or Embedding's weight, dequantized when the module is quantized."""
+    if "scales" not in module:
+        return module.weight[rows]
+    biases = module["biases"][rows] if "biases" in module else None
+    return mx.dequantize(module.weight[rows], module.scales[rows], biases, module.group_size, module.bits,
+                         mode=module.mode)
+
+
+def float_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of `module` whose quantized linear layers are float ones (trainable, and loadable from a
+    float checkpoint)."""
+    from mlx.utils import tree_unflatten
+
+    module = copy.deepcopy(module)
+    floats = []
+    for path, part in module.named_modules():
+        if isinstance(part, nn.QuantizedLinear):
+            weight = weight_rows(part, mx.arange(part.weight.shape[0]))
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in part)
+            linear.weight = weight
+            if "bias" in part:
+                linear.bias = part.bias
+            floats.append((path, linear))
+    module.update_modules(tree_unflatten(floats))
+    return module
 
 
 def load_weights(file: Path | str, return_metadata: bool = False):

@@ -14,7 +14,6 @@ vocabulary and depth, and how it was trained) and `model.safetensors` (its param
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 
 from ..errors import SpecError
-from . import load_exactly, load_weights, to_target_vocabulary
+from . import float_copy, load_exactly, load_weights, to_target_vocabulary
 
 ARCHITECTURE = "MTPHead"
 KINDS = ("llama", "mistral", "qwen2", "qwen3")  # dense targets whose layers are called (x, mask, cache)
@@ -41,13 +40,13 @@ def check_trainable(config: dict, where) -> None:
 
 class MTPHead(nn.Module):
     def __init__(self, target, ids: mx.array, eps: float):
-        """target: the mlx-lm model the head serves (its last layer gives the head's layer its kind and start);
-        ids: the target token of each output row, ascending."""
+        """target: the mlx-lm model the head serves (its last layer, made float if quantized, gives the head's layer
+        its kind and start); ids: the target token of each output row, ascending."""
         super().__init__()
-        h = target.model.embed_tokens.weight.shape[1]
+        h = target.model.norm.weight.shape[0]  # the embedding's may be packed by quantization
         self.enorm, self.hnorm, self.norm = (nn.RMSNorm(h, eps=eps) for _ in range(3))
         self.eh_proj = nn.Linear(2 * h, h, bias=False)
-        self.layers = [copy.deepcopy(target.model.layers[-1])]
+        self.layers = [float_copy(target.model.layers[-1])]
         self.lm_head = nn.Linear(h, ids.shape[0], bias=False)
         vocab = target.model.embed_tokens.weight.shape[0]
         index = mx.full((vocab,), ids.shape[0], dtype=mx.int32)  # target token -> output row (the last: -inf)
