@@ -36,6 +36,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
         help="target hidden state fed to the MTP layer: after (default) or before the final norm")
     add("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
     add("--kv-group-size", type=int, default=64, choices=[32, 64, 128])
+    add("--verbose", action="store_true", help="print the model's whole note every run (the built-in demo's is "
+                                                "printed on a machine's first run only)")
     add("--distributed", choices=["tensor", "pipeline"],
         help="shard the target across the processes mlx.launch started (tensor or pipeline parallelism); every "
              "rank drafts for itself, rank 0 prints and writes")

@@ -67,6 +67,19 @@ def model_notice(model: str | None) -> str:
     return f"{model}: {note}" if note else ""
 
 
+def told_before(what: str) -> bool:
+    """Whether this machine's user has been told `what` (a marker in their cache folder); marks it told."""
+    marker = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlx-spec" / f"told-{what}"
+    if marker.exists():
+        return True
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:  # a read-only home: tell it every time
+        pass
+    return False
+
+
 def leads(args) -> bool:
     """False on the ranks of `--distributed` other than 0: they read no input and write nothing (their files
     may not exist on their machine), and only follow rank 0's generations."""
@@ -101,7 +114,10 @@ def load_engine(args):
         if not lockstep.leader:
             sys.exit(lockstep.follow(engine))
         atexit.register(lockstep.finish)
-    if notice := model_notice(args.model):
+    notice = model_notice(args.model)
+    if args.model is None and not args.verbose and told_before("demo-notice"):
+        notice = "using the built-in demo model (--model for a real one; --verbose for its whole note)"
+    if notice:
         print(notice, file=sys.stderr)
     status = engine.status()
     drafter = f"{status.drafter}, {status.shape}, {status.policy}" if status.drafter != "off" else "off"
@@ -265,7 +281,8 @@ def remote_chat(args) -> int:
     from .client import RemoteEngine
     from .tui.app import ChatApp
 
-    given = [a.option_strings[0] for a in args.model_flags if getattr(args, a.dest) != a.default]
+    given = [a.option_strings[0] for a in args.model_flags
+             if a.dest != "verbose" and getattr(args, a.dest) != a.default]
     if given:
         raise SpecError(f"{given[0]} chooses what the server loads, not the chat: drop it (the server's own "
                         "flags decide; F8 switches among its drafters)")

@@ -80,6 +80,16 @@ def python_headers(program: str) -> int:
     return headers - sum(line.strip().endswith(":") for line in CODE.splitlines())  # the prompt's own
 
 
+def test_the_demo_note_is_printed_once_per_machine(tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path)}
+    runs = [run_cli("generate", "--prompt", "def f", "--max-tokens", "2", *extra, env=env)
+            for extra in ([], [], ["--verbose"])]
+    assert all(proc.returncode == 0 for proc in runs), runs[-1].stderr
+    whole = "mlx_spec/demo/report.md"
+    assert whole in runs[0].stderr and whole in runs[2].stderr
+    assert whole not in runs[1].stderr and "using the built-in demo model (--model" in runs[1].stderr
+
+
 def test_default_commands_run_offline_and_say_so():
     proc = run_cli("generate", "--prompt", "def add(a, b):", "--max-tokens", "16", env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr
