@@ -325,10 +325,6 @@ def serve(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": generate, "chat": chat, "bench": bench, "batch": batch, "serve": serve, "train-mtp": train_mtp,
-            "convert": convert}
-
-
 def main(argv: list[str] | None = None) -> int:
     program = signal.getsignal(signal.SIGINT) is exit_on_interrupt
     try:
@@ -337,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if hasattr(args, "drafter"):
             check_model_flags(args)
-        return COMMANDS[args.command](args)
+        command = globals()[args.command.replace("-", "_")]  # each command's function bears its name
+        return command(args)
     except SpecError as e:
         print(f"mlx-spec: error: {e}", file=sys.stderr)
         return 2

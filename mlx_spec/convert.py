@@ -123,7 +123,7 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
     config_path = source / "config.json"
     if not config_path.exists():
         raise SpecError(f"{source} has no config.json: --hf-path must be a Hugging Face checkpoint")
-    quantized = json.loads(config_path.read_text()).get("quantization")
+    quantized = read_config(source).get("quantization")
     if quantized and (quantize or dtype or mtp_bits is not None):
         flags = "-q" if quantize else "--dtype" if dtype else "--mtp-bits"
         raise SpecError(f"{hf_path} is already quantized ({quantized.get('bits')}-bit), which {flags} cannot "

@@ -41,6 +41,8 @@ class EngineStatus:
     max_draft_len: int
     drafters: list[str]  # what `with_drafter` accepts for this target, "off" included
     shape: str = "chain"  # what the drafter proposes: "chain", "tree of width W", or a chain and why no tree
+    next_draft_len: int | None = None  # what the next round is set to draft (the adaptive policy's latest
+    # choice; 0: drafting off), None where unknown
 
 
 @dataclass
@@ -137,7 +139,8 @@ class Engine:
         policy = self.next_policy
         return EngineStatus(self.drafter.name if self.drafter else "off", policy.note,
                             getattr(policy, "pinned", None), self.max_draft_len, self.drafters,
-                            shape(self.drafter, self.tree_width))
+                            shape(self.drafter, self.tree_width),
+                            getattr(policy, "draft_len", None) if self.drafter else 0)
 
     def with_drafter(self, drafter: str) -> "Engine":
         """Another engine on the same target weights (loaded once), drafting with `drafter` ("off": none)."""

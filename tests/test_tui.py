@@ -89,7 +89,16 @@ def test_a_turn_streams_and_updates_the_statistics(engine, tmp_path):
             assert "prompt tokens cached" in panel(app, "speed")
             await pilot.press("ctrl+s")
             saved = list(tmp_path.glob("mlx-spec-chat-*.md"))
+            answer = views(app, "assistant")[-1]
             assert saved and "**user:** hello" in saved[0].read_text()
+            fence = "`" * max(3, 1 + max(map(len, re.findall("`+", answer.text)), default=0))
+            assert f"**model:** [max_tokens]\n{fence}\n{answer.text}\n{fence}\n" in saved[0].read_text()
+            await pilot.press("ctrl+n")  # a new chat: not the last one's figures
+            assert not views(app, "assistant") and "cached" not in panel(app, "speed")
+            assert panel(app, "acceptance") == "acceptance: after an answer"
+            engine.next_policy.draft_len = 0  # as when the adaptive policy has measured that drafting does not pay
+            await pilot.press("f5")  # one more than the adaptive policy drafts now: 1, not past its maximum
+            assert engine.status().draft_len == 1
     asyncio.run(run())
 
 
@@ -150,10 +159,11 @@ def test_keys_during_generation_act_from_the_next_round(engine):
 
     async def run():
         async with app.run_test(size=(100, 30)) as pilot:
-            assert engine.status().draft_len is None  # adaptive
+            app.screen.set_draft_len(top)  # pinned (from the adaptive policy F5 adds one to what it drafts now,
+            # which changes round by round: test_a_turn_streams_and_updates_the_statistics)
             await ask(app, pilot, "a long answer")
             await wait_for(pilot, lambda: len(rounds) >= 3, "three rounds")
-            await press_then_check(pilot, "f5", top + 1)  # from the adaptive maximum, pinned one longer
+            await press_then_check(pilot, "f5", top + 1)
             await press_then_check(pilot, "f4", top)
             await press_then_check(pilot, "f2", 0)  # speculation off
             await press_then_check(pilot, "f2", top)  # back on, to the length it had

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import re
 import threading
 import time
 from pathlib import Path
@@ -146,6 +147,7 @@ class ChatScreen(Screen):
         self.answer = self.add_message(MessageView("assistant"))
         self.generating, self.stop_requested, self.turn_engine = True, False, self.engine
         self.plain_turn = self.engine.status().draft_len == 0
+        self.show_status()  # this answer's drafter and policy; its figures come with it
         self.requests.put(Turn(self.engine, list(self.messages), self.app.params, self.app.max_tokens))
 
     def serve(self) -> None:
@@ -239,7 +241,9 @@ class ChatScreen(Screen):
         if not self.has_drafter():
             return
         status = self.engine.status()
-        current = status.max_draft_len if self.draft_len is None else self.draft_len
+        current = self.draft_len  # adaptive: from what it drafts now (0 when it has turned drafting off)
+        if current is None:
+            current = status.max_draft_len if status.next_draft_len is None else status.next_draft_len
         try:
             self.set_draft_len(max(0, min(status.max_draft_len * 2, current + change)))
         except SpecError as e:
@@ -287,13 +291,16 @@ class ChatScreen(Screen):
             return
         self.messages.clear()
         self.history.clear()
+        self.last_stats = None
         self.query_one("#transcript", VerticalScroll).remove_children()
+        self.show_status()  # not the last chat's figures
 
     def action_save(self) -> None:
         path = Path(self.app.transcript_dir) / f"mlx-spec-chat-{time.strftime('%Y%m%d-%H%M%S')}.md"
         lines = [f"# mlx-spec chat: {self.app.model_name}", ""]
-        for m in self.messages:
-            lines += [f"**{m['role']}:** {m['content']}", ""]
+        for view in self.query(MessageView):
+            if view.role in ("user", "assistant"):
+                lines += [transcript_entry(view.role, view.text, view.status), ""]
         if self.last_stats:
             lines += ["---", "", self.last_stats.summary()]
         path.write_text("\n".join(lines) + "\n")
@@ -301,3 +308,13 @@ class ChatScreen(Screen):
 
     def action_help(self) -> None:
         self.notify(HELP, timeout=10)
+
+
+def transcript_entry(role: str, text: str, status: str = "") -> str:
+    """One message of a saved transcript: a one-line question inline, anything else in a code fence (longer
+    than any run of backticks in it), so that Markdown viewers keep code as it was written."""
+    head = f"**{'model' if role == 'assistant' else role}:**" + (f" [{status}]" if status else "")
+    if role == "user" and "\n" not in text and "`" not in text:
+        return f"{head} {text}"
+    fence = "`" * max(3, 1 + max(map(len, re.findall("`+", text)), default=0))
+    return f"{head}\n{fence}\n{text}\n{fence}"
