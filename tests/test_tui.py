@@ -2,6 +2,7 @@
 a real `mlx-spec serve` in a subprocess; and the memory-pressure classification the panel shows."""
 
 import asyncio
+import os
 import re
 import signal
 import subprocess
@@ -401,3 +402,19 @@ def test_chat_server_refusals(server):
     finally:
         other.kill()
         other.wait()
+
+
+def test_markdown_mode_keeps_code_as_the_model_wrote_it():
+    """F3's Markdown rendering of an answer (rich's renderer, the one the view uses): code outside fences keeps its
+    lines, indentation and dunder names; Markdown emphasis and inline code still render."""
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from tui.widgets.message import markdown_source
+
+    text = "def f(self):\n    return self.__name__\n\nIt is **bold**, `a_b` and snake_case."
+    console = Console(width=60, record=True, file=open(os.devnull, "w"))
+    console.print(Markdown(markdown_source(text)))
+    lines = [line.replace("\xa0", " ").rstrip() for line in console.export_text().splitlines()]  # as shown
+    assert lines[:2] == ["def f(self):", "    return self.__name__"]
+    assert "It is bold, a_b and snake_case." in lines

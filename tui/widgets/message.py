@@ -3,6 +3,8 @@ with colouring off, rendered as Markdown."""
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Group
 from rich.markdown import Markdown
 from rich.text import Text
@@ -30,7 +32,7 @@ class MessageView(Static):
         rendered = Text(f"{label}: ", style="bold")
         status = Text(f"[{self.status}]", style="italic dim") if self.status else Text()
         if self.role == "assistant" and not self.colour_drafts:
-            self.update(Group(rendered, Markdown(self.text), status))
+            self.update(Group(rendered, Markdown(markdown_source(self.text)), status))
             return
         for segment, from_draft in self.segments:
             rendered.append(segment, style="green" if from_draft and self.colour_drafts else "")
@@ -38,3 +40,18 @@ class MessageView(Static):
 
     def on_mount(self) -> None:
         self.refresh_text()
+
+
+def markdown_source(text: str) -> str:
+    """`text` as Markdown that keeps what a model writes outside code fences as it was written: its line breaks
+    and indentation, and underscores inside names (`self.__name__`, not "self.name" in bold); fenced blocks and
+    inline code as they are."""
+    parts = re.split(r"(^```.*?^```[^\n]*$)", text, flags=re.M | re.S)
+    for i in range(0, len(parts), 2):  # the parts outside fences
+        spans = re.split(r"(`[^`\n]+`)", parts[i])  # inline code stays as it is
+        lines = "".join(span if j % 2 else re.sub(r"(?<=\w)_|_(?=\w)", r"\\_", span)
+                        for j, span in enumerate(spans)).split("\n")
+        lines = [re.sub(r"^ +", lambda m: "\u00a0" * len(m.group()), line) for line in lines]
+        parts[i] = "\n".join(line + "  " if line.strip() and j < len(lines) - 1 else line
+                              for j, line in enumerate(lines))
+    return "".join(parts)
