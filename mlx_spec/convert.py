@@ -213,11 +213,12 @@ def convert_eagle3(source: Path, out: Path, quantize: bool, q_bits: int, q_group
 
 def convert_block_drafter(source: Path, out: Path, quantize: bool, q_bits: int, q_group_size: int,
                           dtype: str | None) -> None:
-    """A block drafter: linear maps quantized where the group size divides them; its config keeps the publisher's
-    form with the quantization added."""
+    """A block drafter: linear maps quantized where the group size divides them; speculators' d2t / t2d maps kept
+    as they are; its config keeps the publisher's form with the quantization added."""
     config = json.loads((source / "config.json").read_text())
     drafter = load_block_drafter(source, config)
-    write_converted(drafter, config, out, dtype, quantize and quantize_block_drafter, q_bits, q_group_size)
+    maps = {k: v for k, v in read_safetensors(source, "a block drafter").items() if k in ("d2t", "t2d")}
+    write_converted(drafter, config, out, dtype, quantize and quantize_block_drafter, q_bits, q_group_size, maps)
     print(f"[INFO] Converted the {drafter.config['kind']} drafter{f' ({q_bits}-bit)' if quantize else ''}")
 
 

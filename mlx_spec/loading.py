@@ -392,10 +392,11 @@ def block_features(path: Path, block: dict, target: LoadedTarget) -> list[int]:
     text = target.config.get("text_config", target.config)
     layers, hidden, vocab = text["num_hidden_layers"], text["hidden_size"], vocab_size(target.config)
     ids = block["target_layer_ids"]
-    trained = (block["hidden_size"], block["target_layers"], block["vocab_size"])
+    trained = (block["hidden_size"], block["target_layers"] or layers, block["vocab_size"])  # speculators': no count
     if trained != (hidden, layers, vocab) or max(ids) >= layers:
+        counted = f"{block['target_layers']} target layers" if block["target_layers"] else f"layer ids up to {max(ids)}"
         raise SpecError(f"the {block['kind']} drafter {path} (hidden size {block['hidden_size']}, "
-                        f"{block['target_layers']} target layers, vocabulary {block['vocab_size']}) was not trained "
+                        f"{counted}, vocabulary {block['vocab_size']}) was not trained "
                         f"for {target.path} (hidden size {hidden}, {layers} layers, vocabulary {vocab}): use the "
                         "drafter published for this target (see models.toml)")
     if not 0 <= block["mask"] < vocab:

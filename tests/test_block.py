@@ -11,9 +11,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from helpers import PROMPT, ModelledCostPolicy, assert_one_line_error, converted_q8, loaded, plain_greedy, run_cli
-from tiny_block import layer_outputs, random_block_drafter
+from tiny_block import as_speculators, layer_outputs, random_block_drafter
 
 import mlx_spec
+from mlx_spec.models.dflash import load_block_drafter
 from mlx_spec.sampling import SamplingParams
 
 
@@ -77,24 +78,119 @@ CASES = [("qwen3", {}), ("qwen3_5", {}), ("qwen3", {"kind": "dspark", "confidenc
 
 @pytest.mark.parametrize("family,options", CASES)
 def test_draft_distributions_equal_the_reference_round_after_round(tiny, tmp_path, family, options):
-    """Three rounds of three drafts, the target keeping one, none, then all of them (and its own next token):
-    the drafter's context grows by the kept positions only, as the reference's does when given the outputs of the
-    target layers over the whole sequence, computed here by one mlx-lm forward from an empty cache."""
     path = random_block_drafter(tmp_path / "drafter", tiny[family], **options)
-    engine = mlx_spec.load(str(tiny[family]), draft_model=str(path))
+    assert_rounds_match_the_reference(tiny[family], path, path)
+
+
+SPECULATORS = [("qwen3", {}, False), ("qwen3_5", {"kind": "dspark", "confidence": True}, False),
+               ("qwen3", {}, True), ("qwen3_5", {"kind": "dspark"}, True)]
+
+
+@pytest.mark.parametrize("family,options,reduced", SPECULATORS)
+def test_speculators_layout_drafts_what_the_reference_drafts_from_the_original(tiny, tmp_path, family, options,
+                                                                                reduced):
+    """A drafter converted to speculators' layout (shifted layer ids, nested config, the verifier's embedding and
+    head, a reduced vocabulary with its d2t map) drafts what the reference drafts from the original: over a
+    reduced vocabulary, the reference's distribution restricted to the kept tokens."""
+    original = random_block_drafter(tmp_path / "original", tiny[family], **options)
+    vocab = json.loads((tiny[family] / "config.json").read_text())
+    vocab = vocab.get("text_config", vocab)["vocab_size"]
+    keep = sorted(np.random.default_rng(1).choice(vocab, vocab // 3, replace=False).tolist()) if reduced else None
+    path = as_speculators(original, tiny[family], tmp_path / "speculators", keep)
+    assert_rounds_match_the_reference(tiny[family], path, original, keep)
+
+
+SLIDING = {  # z-lab's window W sees W - 1 context positions (moving with the query when causal), speculators' W
+    # sees W (fixed at the anchor; its sliding layers causal inside the block unless sliding_window_non_causal)
+    "non-causal window": ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6},
+                          {"sliding_window": 5, "sliding_window_non_causal": True}),
+    "causal sliding layers": ({"causal": True},
+                              {"layer_types": ["sliding_attention"] * 2, "sliding_window": 4096}),
+}
+
+
+@pytest.mark.parametrize("case", SLIDING)
+def test_speculators_sliding_layers_attend_as_published(tiny, tmp_path, case):
+    """speculators' sliding-window masks (`create_anchor_block_mask_mod`) against the reference on the z-lab
+    drafter they equal: a window fixed at the anchor, and causal sliding layers beside bidirectional full ones."""
+    original_options, edit = SLIDING[case]
+    original = random_block_drafter(tmp_path / "original", tiny["qwen3"], **original_options)
+    path = as_speculators(original, tiny["qwen3"], tmp_path / "speculators")
+    config = json.loads((path / "config.json").read_text())
+    config["transformer_layer_config"].update({k: v for k, v in edit.items() if k != "sliding_window_non_causal"})
+    config["sliding_window_non_causal"] = edit.get("sliding_window_non_causal", False)
+    (path / "config.json").write_text(json.dumps(config))
+    assert_rounds_match_the_reference(tiny["qwen3"], path, original)
+
+
+def rms_rope(x: np.ndarray, norm: np.ndarray, positions: np.ndarray, theta: float = 10000.0) -> np.ndarray:
+    """Per-head RMS norm (eps 1e-6), then the rotary embedding of the halves (Hugging Face's `rotate_half`)."""
+    x = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * norm
+    half = x.shape[-1] // 2
+    angles = positions[:, None, None] * theta ** (-np.arange(half) / half)
+    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
+    return x * cos + np.concatenate([-x[..., half:], x[..., :half]], -1) * sin
+
+
+@pytest.mark.parametrize("causal", [None, False])
+def test_zlab_sliding_layers_attend_as_its_reference_does(tiny, tmp_path, causal):
+    """A z-lab sliding layer against z-lab's `model.py` (`_attention_mask`, transcribed in NumPy over the whole
+    context): the query at p sees keys within window - 1 of p, causal unless the config says otherwise."""
+    path = random_block_drafter(tmp_path / "drafter", tiny["qwen3"], layer_types=["sliding_attention"] * 2,
+                                sliding_window=4, causal=causal)
+    model = load_block_drafter(path, json.loads((path / "config.json").read_text()))
+    attention, (context_len, n) = model.layers[0].self_attn, (9, 4)
+    rng = np.random.default_rng(0)
+    context, block = (rng.standard_normal((1, size, model.config["hidden_size"])).astype(np.float32)
+                      for size in (context_len, n))
+    cache = model.make_cache()[0]
+    attention.append(mx.array(context), model.rope, cache, 0)
+    out = np.array(attention(mx.array(block), model.rope, cache, context_len))[0]
+
+    w = {name: np.array(getattr(attention, name).weight) for name in ("q_proj", "k_proj", "v_proj", "o_proj",
+                                                                       "q_norm", "k_norm")}
+    both = np.concatenate([context[0], block[0]])
+    positions = np.arange(context_len + n)
+    d = model.config["head_dim"]
+    q = rms_rope((block[0] @ w["q_proj"].T).reshape(n, -1, d), w["q_norm"], positions[context_len:])
+    k = rms_rope((both @ w["k_proj"].T).reshape(len(both), -1, d), w["k_norm"], positions)
+    v = (both @ w["v_proj"].T).reshape(len(both), -1, d)
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    query, key = positions[context_len:, None], positions[None]
+    visible = (key <= query) if causal is None else (key - query < 4)  # the window, both ways when non-causal
+    visible &= query - key < 4
+    scores = np.einsum("qhd,khd->hqk", q, k) * d ** -0.5
+    scores = np.where(visible[None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    expected = np.einsum("hqk,khd->qhd", weights, v).reshape(n, -1) @ w["o_proj"].T
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def assert_rounds_match_the_reference(target_path, path, reference_path, keep=None):
+    """Three rounds of three drafts, the target keeping one, none, then all of them (and its own next token):
+    the drafter's context grows by the kept positions only; the reference drafts each round from a fresh cache
+    given the outputs of the target layers over the whole sequence, computed by one mlx-lm forward from an empty
+    cache (mlx-vlm's rotating caches would show sliding layers a varying number of context positions)."""
+    engine = mlx_spec.load(str(target_path), draft_model=str(path))
     drafter, target = engine.drafter, engine.target
-    model, config = reference(path, loaded(str(tiny[family]))[0])
-    cache, fed = model.make_cache(), 0
+    model, config = reference(reference_path, loaded(str(target_path))[0])
     context = engine.encode(PROMPT)[:12]
     drafter.begin(context, target.prefill(context[:-1]))
     for round_, kept in enumerate([1, 0, 3]):
         draft = drafter.propose(context, 3, SamplingParams(temperature=1.0), mx.random.key(round_))
-        features = layer_outputs(loaded(str(tiny[family]))[0], context[:-1],
-                                 config["dflash_config"]["target_layer_ids"])[0][fed:]
-        fed = len(context) - 1
+        features = layer_outputs(loaded(str(target_path))[0], context[:-1],
+                                 config["dflash_config"]["target_layer_ids"])[0]
         expected, confidence = reference_distributions(model, config, context[-1], draft.tokens.tolist(), features,
-                                                       cache)
-        np.testing.assert_allclose(np.array(draft.q), expected, atol=2e-6)
+                                                       model.make_cache())
+        if keep is not None:  # the reference restricted to the draft vocabulary
+            restricted = np.zeros_like(expected)
+            restricted[:, keep] = expected[:, keep] / expected[:, keep].sum(axis=-1, keepdims=True)
+            expected = restricted
+            assert set(draft.tokens.tolist()) <= set(keep)
+        with np.errstate(divide="ignore"):  # log-probabilities: random drafters' distributions are near one-hot
+            np.testing.assert_allclose(np.log(np.array(draft.q)), np.log(expected), rtol=1e-4, atol=1e-4)
         if confidence is not None or draft.confidence is not None:
             np.testing.assert_allclose(np.array(draft.confidence), confidence, atol=1e-6)
         step = target.forward(mx.concatenate([mx.array(context[-1:]), draft.tokens]))
@@ -200,7 +296,6 @@ REFUSALS = [
     ("llama", lambda c: None, ("was not trained for", "hidden size")),
     ("qwen3", lambda c: c["dflash_config"].pop("mask_token_id"), ("no mask token", "re-download")),
     ("qwen3", lambda c: c["dflash_config"].update(layer_fusion_weights=[[1.0] * 5]), ("DFly", "does not read")),
-    ("qwen3", lambda c: c.update(speculators_model_type="dflash"), ("speculators", "z-lab")),
     ("qwen3", lambda c: c.update(layer_types=["sliding_attention", "full_attention"]), ("sliding_window", "re-down")),
     ("qwen3", lambda c: c.pop("block_size"), ("lacks block_size", "re-download")),
     ("qwen3", lambda c: c["dflash_config"].update(projector_type="dspark", markov_rank=8, markov_head_type="rnn"),
@@ -234,4 +329,28 @@ def test_a_converted_quantized_drafter_drafts_exactly(tiny, tmp_path):
     ids = engine.encode(PROMPT)
     result = engine.generate(ids, max_tokens=48)
     assert result.tokens == plain_greedy(tiny["qwen3_5"], ids, 48)
+    assert 0 < result.stats.accepted < result.stats.drafted
+
+
+@pytest.mark.parametrize("family,drafter,options,quantized", [("qwen3", "qwen3-dflash", {}, False),
+                                                              ("qwen3", "qwen3-dflash", {"tree_width": 3}, False),
+                                                              ("qwen3_5", "qwen3_5-dspark", {}, True)])
+def test_speculators_layout_with_a_reduced_vocabulary_decodes_exactly(tiny, tmp_path, family, drafter, options,
+                                                                       quantized):
+    """Trained drafters in speculators' layout, over a draft vocabulary of half the tokens (the reference's among
+    them), decode greedily as plain decoding, with drafts both accepted and rejected; `convert -q` keeps d2t."""
+    engine = mlx_spec.load(str(tiny[family]), drafter="off")
+    ids = engine.encode(PROMPT)
+    expected = plain_greedy(tiny[family], ids, 64)
+    vocab = len(engine.tokenizer.get_vocab())
+    others = np.random.default_rng(2).permutation(vocab).tolist()
+    keep = sorted(set(expected) | set(others[:vocab // 2 - len(set(expected))]))
+    path = as_speculators(tiny[drafter], tiny[family], tmp_path / "speculators", keep)
+    if quantized:
+        converted_q8(path, tmp_path / "q8")
+        path = tmp_path / "q8"
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(path), draft_len=3, **options)
+    assert engine.drafter.name == json.loads((path / "config.json").read_text())["speculators_model_type"]
+    result = engine.generate(ids, max_tokens=64)
+    assert result.tokens == expected
     assert 0 < result.stats.accepted < result.stats.drafted

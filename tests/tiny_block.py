@@ -14,7 +14,7 @@ import numpy as np
 
 def block_config(target_config: dict, kind: str = "dflash", layers: int = 2, block_size: int = 4,
                  target_layer_ids: list[int] | None = None, layer_types: list[str] | None = None,
-                 sliding_window: int | None = None, causal: bool = False, markov_rank: int = 16,
+                 sliding_window: int | None = None, causal: bool | None = None, markov_rank: int = 16,
                  confidence: bool = False) -> dict:
     """The config.json z-lab (DFlash), Inco (DFlash2) or DeepSpec (DSpark: `block_size` counts the drafts)
     write, sized for `target_config`, with the null and missing fields their releases have and `rope_parameters`."""
@@ -22,8 +22,8 @@ def block_config(target_config: dict, kind: str = "dflash", layers: int = 2, blo
     hidden, vocab, target_layers = text["hidden_size"], text["vocab_size"], text["num_hidden_layers"]
     ids = target_layer_ids or [0, target_layers // 2, target_layers - 1]
     options = {"mask_token_id": vocab - 1, "target_layer_ids": ids}
-    if causal:
-        options["causal"] = True
+    if causal is not None:
+        options["causal"] = causal
     config = {
         "architectures": ["DFlashDraftModel" if kind == "dflash" else "DSparkDraftModel"], "model_type": "qwen3",
         "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
@@ -159,3 +159,53 @@ def train_block_drafter(out_dir: str | Path, target_dir: str | Path, texts: list
 
     fit(model, loss, steps, 3e-3)
     return save_block_drafter(out_dir, config, dict(tree_flatten(model.parameters())))
+
+
+def as_speculators(source: str | Path, target_dir: str | Path, out_dir: str | Path,
+                   keep: list[int] | None = None) -> Path:
+    """The z-lab / DeepSpec drafter in `source` in vllm-project/speculators' layout, as its DFlash converter writes
+    it: the Qwen3 fields nested in `transformer_layer_config`; `aux_hidden_state_layer_ids` = z-lab's ids + 1 (it
+    counts the embeddings as hidden state 0); `block_size` counting the block's positions (DSpark drafts from the
+    anchor: its DeepSpec `block_size` of drafts is kept); the verifier's embedding and head copied in. With `keep`
+    (sorted target ids) the draft vocabulary is those tokens: `lm_head` (and the Markov head's output map) keep
+    their rows, `d2t` = kept id - draft id, `t2d` marks them."""
+    from mlx_lm.utils import load_model
+
+    source = Path(source)
+    config = json.loads((source / "config.json").read_text())
+    options = config["dflash_config"]
+    dspark = "markov_rank" in options
+    target, _ = load_model(Path(target_dir))
+    language = getattr(target, "language_model", target)
+    embed = language.model.embed_tokens.weight
+    head = language.lm_head.weight if hasattr(language, "lm_head") else embed
+    vocab = embed.shape[0]
+    keep = mx.array(keep if keep is not None else list(range(vocab)))
+    weights = dict(mx.load(str(source / "model.safetensors")))
+    weights.update({"embed_tokens.weight": embed, "lm_head.weight": head[keep]})
+    if dspark:
+        weights["markov_head.markov_w2.weight"] = weights["markov_head.markov_w2.weight"][keep]
+    if keep.shape[0] < vocab:
+        weights["d2t"] = (keep - mx.arange(keep.shape[0])).astype(mx.int64)
+        t2d = np.zeros(vocab, dtype=bool)
+        t2d[np.array(keep)] = True
+        weights["t2d"] = mx.array(t2d)
+    layer = {k: v for k, v in config.items()
+             if k not in ("architectures", "auto_map", "block_size", "dflash_config", "num_target_layers")}
+    spec = {"architectures": ["DSparkSpeculator" if dspark else "DFlashSpeculator"],
+            "speculators_model_type": "dspark" if dspark else "dflash", "transformer_layer_config": layer,
+            "draft_vocab_size": int(keep.shape[0]), "block_size": options.get("block_size", config.get("block_size")),
+            "aux_hidden_state_layer_ids": [i + 1 for i in options["target_layer_ids"]],
+            "mask_token_id": options["mask_token_id"], "sliding_window_non_causal": False,
+            "sample_from_anchor": dspark, "target_hidden_size": None, "speculators_version": "0.6.0",
+            "speculators_config": {"algorithm": "dspark" if dspark else "dflash", "default_proposal_method": "greedy",
+                                   "verifier": {"name_or_path": str(target_dir), "architectures": []}}}
+    if dspark:
+        spec.update(markov_rank=options["markov_rank"], markov_head_type="vanilla",
+                    enable_confidence_head=bool(options.get("enable_confidence_head")),
+                    confidence_head_with_markov=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True)
+    (out_dir / "config.json").write_text(json.dumps(spec, indent=2))
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "pt"})
+    return out_dir

@@ -107,7 +107,7 @@ class BlockDrafter:
         if c["softcap"]:
             logits = mx.tanh(logits / c["softcap"]) * c["softcap"]
         if self.width > 1:
-            return best_first_tree(logits, self.width * k)
+            return best_first_tree(self.model.to_target(logits), self.width * k)
         markov = self.model.markov_head if "markov_head" in self.model else None
         selector = self.model.candidate_selector if "candidate_selector" in self.model else None
         if selector is not None:
@@ -117,7 +117,7 @@ class BlockDrafter:
         def position_logits(previous: mx.array, i: int) -> mx.array:
             if selector is not None:
                 return selector(previous, ids[i], unary[i], projected[i], logits.shape[-1])
-            return logits[i:i + 1] + (markov(previous) if markov is not None else 0)
+            return self.model.to_target(logits[i:i + 1] + (markov(previous) if markov is not None else 0))
 
         draft = draft_autoregressively(position_logits(anchor, 0), lambda token: position_logits(token, next(row)),
                                        k, params, context, key)

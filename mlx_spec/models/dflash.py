@@ -1,6 +1,6 @@
 """Block drafters: DFlash (z-lab, arXiv 2602.06036), DFlash2 (Inco) and DSpark (DeepSpec, arXiv 2607.05147), in the
 Hugging Face layouts their publishers write (z-lab's `DFlashDraftModel`; DFlash2 and DSpark: a DFlash backbone
-plus a candidate selector and convolutions, or a Markov head).
+plus a candidate selector and convolutions, or a Markov head) and in vllm-project/speculators' (`speculators_fields`).
 
 One forward drafts a whole block from the target's hidden states:
 
@@ -8,9 +8,9 @@ One forward drafts a whole block from the target's hidden states:
     block = [anchor (the last verified token), MASK x (n - 1)] at positions a .. a + n - 1           (embedded
             with the target's embedding), through `num_hidden_layers` Qwen3-style layers (q/k/v/o, per-head
             q_norm / k_norm, SwiGLU MLP, pre-norms) whose attention reads, for every block query, the K/V of all
-            context features (cached across rounds, rotated at their own positions; a sliding layer sees the last
-            `sliding_window` - 1 of them) and of the whole block (no causal mask inside it unless
-            `dflash_config.causal`); then `norm` and the target's own head (or the drafter's `lm_head`).
+            context features (cached across rounds, rotated at their own positions) and of the whole block (no
+            causal mask inside it); a sliding layer's query sees what lies within its window (see `read_config`),
+            causally; then `norm` and the target's own head (or the drafter's `lm_head`).
 
 DFlash drafts from the block's positions 1 .. n - 1. DSpark drafts from positions 0 .. n - 1 when
 `sample_from_anchor` (its default) and adds a low-rank Markov bias to each position's logits,
@@ -27,10 +27,11 @@ hidden state, successor code> (`candidate_selector.*`), left to right as DSpark.
 config.json: the Qwen3 fields (`rope_parameters` or `rope_theta` / `rope_scaling`, nulls allowed), `block_size`,
 `num_target_layers`, `dflash_config.{target_layer_ids, mask_token_id}` (DSpark: also `markov_rank`,
 `projector_type` "dspark", `sample_from_anchor`, `block_size` counting the drafts only unless
-`dspark_bonus_anchor`), optional `layer_types` / `sliding_window`. Weights: `fc.weight`, `hidden_norm.weight`,
-`layers.N.*`, `norm.weight`, DSpark's `markov_head.markov_w{1,2}.weight` (and `confidence_head.proj.*` with
-`enable_confidence_head`), an own
-`embed_tokens` / `lm_head` when present; a `model.` prefix is dropped.
+`dspark_bonus_anchor`), optional `layer_types` / `sliding_window` / `dflash_config.causal`. Weights:
+`fc.weight`, `hidden_norm.weight`, `layers.N.*`, `norm.weight`, DSpark's `markov_head.markov_w{1,2}.weight` (and
+`confidence_head.proj.*` with `enable_confidence_head`), an own `embed_tokens` / `lm_head` when present
+(speculators': `lm_head` over `draft_vocab_size` tokens, target id = draft id + `d2t`); a `model.` prefix is
+dropped.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import mlx.nn as nn
 from .. import compat
 from ..caches import rollback
 from ..errors import SpecError
-from . import load_exactly, read_safetensors, rope_settings
+from . import load_exactly, read_safetensors, rope_settings, to_target_vocabulary
 
 MARKERS = {  # variants recognised by their config, not read yet, and what marks them
     "DFly (per-layer fusion weights)": ("layer_fusion_weights", "hidden_correction"),
@@ -64,6 +65,21 @@ def block_kind(config: dict) -> str | None:
     return None
 
 
+def speculators_fields(config: dict, kind: str) -> dict:
+    """speculators' layout (`transformer_layer_config`, `aux_hidden_state_layer_ids`, `draft_vocab_size`) in
+    z-lab's fields. Its layer ids index the target's hidden states as vLLM collects them: id i is the input of layer
+    i (Hugging Face's `hidden_states[i]`), where z-lab's id i is the output of layer i (vLLM #40727)."""
+    aux = config.get("aux_hidden_state_layer_ids")
+    dspark = kind == "dspark"
+    return {**(config.get("transformer_layer_config") or {}),
+            **{key: config[key] for key in ("block_size", "mask_token_id", "draft_vocab_size", "markov_rank",
+                                            "markov_head_type", "sliding_window_non_causal") if key in config},
+            "target_layer_ids": aux and [i - 1 for i in aux],
+            "sample_from_anchor": config.get("sample_from_anchor", dspark),
+            "enable_confidence_head": config.get("enable_confidence_head", dspark),
+            "confidence_head_with_markov": config.get("confidence_head_with_markov", True)}
+
+
 def read_config(config: dict, path: Path) -> dict:
     """The fields the drafter is built from, `dflash_config` unnested; a one-line SpecError for what is not read."""
     options = config.get("dflash_config") or {}
@@ -72,11 +88,12 @@ def read_config(config: dict, path: Path) -> dict:
                 config.get("architectures")).lower():
             raise SpecError(f"{path} is a {variant} drafter, which mlx-spec does not read yet: use a DFlash, "
                             "DFlash2 or DSpark drafter")
-    if config.get("speculators_model_type") or "pard" in str(config.get("architectures")).lower():
-        raise SpecError(f"{path} is in a layout mlx-spec does not read yet (speculators' or PARD's): use the z-lab "
-                        "or DeepSpec Hugging Face release of the drafter")
+    if "pard" in str(config.get("architectures")).lower():
+        raise SpecError(f"{path} is in a layout mlx-spec does not read yet (PARD's): use the z-lab or DeepSpec "
+                        "Hugging Face release of the drafter")
     kind = block_kind(config)
-    flat = {**config, **options}
+    speculators = bool(config.get("speculators_model_type"))
+    flat = speculators_fields(config, kind) if speculators else {**config, **options}
     if flat.get("mask_token_id") is None:
         raise SpecError(f"{path}: the block drafter's config names no mask token (dflash_config.mask_token_id): "
                         "re-download the drafter")
@@ -100,21 +117,34 @@ def read_config(config: dict, path: Path) -> dict:
     missing = [key for key in needed if flat.get(key) is None]
     if missing:
         raise SpecError(f"{path}: the block drafter's config.json lacks {', '.join(missing)}: re-download the drafter")
-    from_anchor = kind == "dspark" and flat.get("sample_from_anchor", True)
-    block = flat["block_size"] + (kind == "dspark" and not flat.get("dspark_bonus_anchor", False))
-    heads = flat["num_attention_heads"]
+    if speculators:  # block_size counts the block's positions, each one a draft when drafting from the anchor
+        from_anchor = bool(flat["sample_from_anchor"])
+        drafts = flat["block_size"] - (not from_anchor)
+    else:  # DeepSpec's DSpark block_size counts the drafts
+        from_anchor = kind == "dspark" and flat.get("sample_from_anchor", True)
+        drafts = flat["block_size"] + (kind == "dspark" and not flat.get("dspark_bonus_anchor", False)) - 1
+    heads, layers = flat["num_attention_heads"], flat["num_hidden_layers"]
+    sliding = [t == "sliding_attention" for t in flat.get("layer_types") or ["full_attention"] * layers]
+    window = flat.get("sliding_window") or flat.get("swa_window_size")
+    causal = flat.get("causal", flat.get("is_causal"))
+    markov_rank = 256 if flat.get("markov_rank") is None else flat["markov_rank"]
     return {
         "kind": kind, "hidden_size": flat["hidden_size"], "intermediate_size": flat["intermediate_size"],
         "layers": flat["num_hidden_layers"], "heads": heads, "kv_heads": flat.get("num_key_value_heads") or heads,
         "head_dim": flat.get("head_dim") or flat["hidden_size"] // heads, "eps": flat.get("rms_norm_eps") or 1e-6,
         "vocab_size": flat["vocab_size"], "rope_theta": theta, "rope_scaling": rope,
         "max_positions": flat.get("max_position_embeddings"), "traditional": not flat.get("rope_is_neox_style", True),
-        "drafts": block - 1, "mask": flat["mask_token_id"], "target_layer_ids": list(flat["target_layer_ids"]),
-        "target_layers": flat.get("num_target_layers") or max(flat["target_layer_ids"]) + 1,
-        "sliding": [t == "sliding_attention" for t in flat.get("layer_types") or ["full_attention"] *
-                    flat["num_hidden_layers"]],
-        "window": flat.get("sliding_window") or flat.get("swa_window_size"), "causal": bool(flat.get("causal")),
-        "from_anchor": from_anchor, "markov_rank": (flat.get("markov_rank") or 256) if kind == "dspark" else None,
+        "drafts": drafts, "mask": flat["mask_token_id"], "target_layer_ids": list(flat["target_layer_ids"]),
+        "target_layers": None if speculators else flat.get("num_target_layers") or max(flat["target_layer_ids"]) + 1,
+        "draft_vocab": flat.get("draft_vocab_size") or flat["vocab_size"], "sliding": sliding,
+        # z-lab (its model.py and vLLM): a sliding layer's query at p sees the keys at p - window + 1 .. p (+
+        # window - 1 inside a non-causal block); sliding layers causal unless `dflash_config.causal` / `is_causal`
+        # says for all. speculators: the window positions before the anchor, then the block, sliding layers causal
+        # unless `sliding_window_non_causal`, full layers never
+        "seen": window if speculators else window and window - 1, "window_moves": not speculators,
+        "causal": [s and not flat.get("sliding_window_non_causal") if speculators else s if causal is None
+                   else bool(causal) for s in sliding],
+        "from_anchor": from_anchor, "markov_rank": (markov_rank or None) if kind == "dspark" else None,
         "softcap": flat.get("final_logit_softcapping"), "input_scale": flat.get("input_embedding_scale") or 1.0,
         "output_scale": flat.get("output_multiplier") or 1.0,
         "conv": (flat["conv_kernel_size"], flat["conv_group_size"]) if kind == "dflash2" else None,
@@ -125,15 +155,15 @@ def read_config(config: dict, path: Path) -> dict:
 
 
 class BlockAttention(nn.Module):
-    def __init__(self, c: dict, sliding: bool):
+    def __init__(self, c: dict, sliding: bool, causal: bool):
         super().__init__()
         h, self.heads, self.kv_heads, d = c["hidden_size"], c["heads"], c["kv_heads"], c["head_dim"]
         self.q_proj, self.o_proj = nn.Linear(h, self.heads * d, bias=False), nn.Linear(self.heads * d, h, bias=False)
         self.k_proj, self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False), nn.Linear(h, self.kv_heads * d,
                                                                                             bias=False)
         self.q_norm, self.k_norm = nn.RMSNorm(d, eps=c["eps"]), nn.RMSNorm(d, eps=c["eps"])
-        self.scale, self.causal = d ** -0.5, c["causal"]
-        self.seen = c["window"] - 1 if sliding else None  # the context positions a sliding layer sees
+        self.scale, self.causal, self.window_moves = d ** -0.5, causal, c["window_moves"]
+        self.seen = c["seen"] if sliding else None  # the context positions a sliding layer sees
 
     def split(self, x: mx.array, heads: int) -> mx.array:
         return x.reshape(*x.shape[:2], heads, -1).transpose(0, 2, 1, 3)
@@ -153,10 +183,12 @@ class BlockAttention(nn.Module):
         keys, values = cache.update_and_fetch(keys, values)  # written after the context, not a copy of it
         if self.seen is not None:
             keys, values = keys[:, :, -(self.seen + n):], values[:, :, -(self.seen + n):]
-        mask = None
-        if self.causal:  # query i sees the keys up to its own (and, sliding, the window before it)
-            key, last = mx.arange(keys.shape[2])[None], mx.arange(n)[:, None] + keys.shape[2] - n
-            mask = (key <= last) & (key > last - self.seen - 1) if self.seen is not None else key <= last
+        mask, moving = None, self.seen is not None and self.window_moves
+        if self.causal or moving:  # query i sees the keys up to its own, or within its moving window, or both
+            key, query = mx.arange(keys.shape[2])[None], mx.arange(n)[:, None] + keys.shape[2] - n
+            mask = key <= query if self.causal else mx.full((n, keys.shape[2]), True)
+            if moving:
+                mask = mask & (mx.abs(query - key) <= self.seen)
         out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
 
@@ -202,9 +234,9 @@ class DynamicConv(nn.Module):
 
 
 class BlockLayer(nn.Module):
-    def __init__(self, c: dict, sliding: bool):
+    def __init__(self, c: dict, sliding: bool, causal: bool):
         super().__init__()
-        self.self_attn, self.mlp = BlockAttention(c, sliding), MLP(c["hidden_size"], c["intermediate_size"])
+        self.self_attn, self.mlp = BlockAttention(c, sliding, causal), MLP(c["hidden_size"], c["intermediate_size"])
         self.input_layernorm = nn.RMSNorm(c["hidden_size"], eps=c["eps"])
         self.post_attention_layernorm = nn.RMSNorm(c["hidden_size"], eps=c["eps"])
         if c["conv"]:
@@ -221,12 +253,13 @@ class BlockLayer(nn.Module):
 
 
 class Markov(nn.Module):
-    def __init__(self, vocab: int, rank: int):
+    def __init__(self, vocab: int, rank: int, draft_vocab: int):
         super().__init__()
-        self.markov_w1, self.markov_w2 = nn.Embedding(vocab, rank), nn.Linear(rank, vocab, bias=False)
+        self.markov_w1, self.markov_w2 = nn.Embedding(vocab, rank), nn.Linear(rank, draft_vocab, bias=False)
 
     def __call__(self, previous: mx.array) -> mx.array:
-        """The bias (n, V) on the logits of the positions after the tokens `previous` (n,)."""
+        """The bias (n, D: the drafter's vocabulary) on the logits of the positions after the tokens `previous`
+        (n,: the target's vocabulary)."""
         return self.markov_w2(self.markov_w1(previous))
 
 
@@ -275,11 +308,11 @@ class BlockDrafterModel(nn.Module):
         self.config, h = c, c["hidden_size"]
         self.fc = nn.Linear(len(c["target_layer_ids"]) * h, h, bias=False)
         self.hidden_norm, self.norm = nn.RMSNorm(h, eps=c["eps"]), nn.RMSNorm(h, eps=c["eps"])
-        self.layers = [BlockLayer(c, sliding) for sliding in c["sliding"]]
+        self.layers = [BlockLayer(c, sliding, causal) for sliding, causal in zip(c["sliding"], c["causal"])]
         self.rope = compat.rope(c["head_dim"], c["rope_theta"], c["traditional"], c["rope_scaling"],
                                 c["max_positions"])
         if c["markov_rank"]:
-            self.markov_head = Markov(c["vocab_size"], c["markov_rank"])
+            self.markov_head = Markov(c["vocab_size"], c["markov_rank"], c["draft_vocab"])
         if c["confidence"][0]:
             self.confidence_head = Confidence(h, c["markov_rank"], c["confidence"][1])
         if c["selector"]:
@@ -287,7 +320,19 @@ class BlockDrafterModel(nn.Module):
         if own_embedding:
             self.embed_tokens = nn.Embedding(c["vocab_size"], h)
         if own_head:
-            self.lm_head = nn.Linear(h, c["vocab_size"], bias=False)
+            self.lm_head = nn.Linear(h, c["draft_vocab"], bias=False)
+        self._to_target = None  # a reduced vocabulary's map (`map_vocabulary`)
+
+    def map_vocabulary(self, d2t: mx.array) -> None:
+        """Target id = draft id + d2t[draft id]; tokens outside the draft vocabulary score -inf."""
+        targets = mx.arange(self.config["draft_vocab"]) + d2t.astype(mx.int32)
+        index = mx.full((self.config["vocab_size"],), self.config["draft_vocab"], dtype=mx.int32)
+        index[targets] = mx.arange(self.config["draft_vocab"], dtype=mx.int32)
+        self._to_target = index
+
+    def to_target(self, scores: mx.array) -> mx.array:
+        """Scores over the drafter's vocabulary (n, D) as scores over the target's (n, V)."""
+        return scores if self._to_target is None else to_target_vocabulary(scores, self._to_target)
 
     def make_cache(self) -> list:
         """Every layer keeps every context position (a sliding one reads the last of them)."""
@@ -318,11 +363,19 @@ def quantize(model: BlockDrafterModel, group_size: int, bits: int) -> None:
 def load_block_drafter(path: Path, config: dict) -> BlockDrafterModel:
     """The block drafter in `path` (`config`: its config.json)."""
     c = read_config(config, path)
-    weights = {k.removeprefix("model."): v for k, v in read_safetensors(path, "a block drafter").items()}
+    weights = {k.removeprefix("model."): v for k, v in read_safetensors(path, "a block drafter").items()
+               if k != "t2d" and not k.startswith("verifier_")}  # speculators' training-only tensors
     weights = {k + ".weight" if k.endswith("_codebook") else k: v for k, v in weights.items()}  # DFlash2's
-    model = BlockDrafterModel(c, "embed_tokens.weight" in weights, "lm_head.weight" in weights)
+    d2t = weights.pop("d2t", None)
+    own_head = "lm_head.weight" in weights or c["draft_vocab"] != c["vocab_size"]
+    model = BlockDrafterModel(c, "embed_tokens.weight" in weights, own_head)
     if quantization := config.get("quantization"):
         quantize(model, quantization["group_size"], quantization["bits"])
     load_exactly(model, weights, f"{path}: the weights do not fit the {c['kind']} drafter its config.json describes "
                                  "({}): re-download the drafter")
+    if c["draft_vocab"] != c["vocab_size"]:
+        if d2t is None or d2t.shape != (c["draft_vocab"],):
+            raise SpecError(f"{path}: a draft vocabulary of {c['draft_vocab']} tokens needs a d2t map of that length: "
+                            "re-download the drafter")
+        model.map_vocabulary(d2t)
     return model
