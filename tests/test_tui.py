@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from helpers import KEY, assert_one_line_error, free_port, run_cli, start_server
+from tiny_block import random_block_drafter
 
 import mlx_spec
 from mlx_spec.client import RemoteEngine
@@ -304,6 +305,27 @@ def test_the_panel_counts_tree_nodes(tiny, tmp_path, draft, drafter):
             nodes = re.search(r"tree: ([\d.]+) nodes verified/round", panel(app, "acceptance"))
             assert nodes and float(nodes.group(1)) > 3  # more than the depth-3 chain: two per level
             assert panel(app, "drafter").startswith(f"drafter: {drafter}\n")
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("family,confidence", [("qwen3", False), ("qwen3_5", True)])
+def test_the_panel_shows_a_block_drafters_blocks(tiny, tmp_path, family, confidence):
+    """How many blocks, their length of the most the drafter drafts, and DSpark's estimated acceptance per
+    position (its confidence head) beside the measured one."""
+    draft = (random_block_drafter(tmp_path / "dspark", tiny[family], kind="dspark", confidence=True) if confidence
+             else tiny[f"{family}-dflash"])
+    engine = mlx_spec.load(str(tiny[family]), draft_model=str(draft), draft_len=3)
+    engine.tokenizer.eos_token_ids = []
+
+    async def run():
+        app = ChatApp(engine, SamplingParams(), 24, "tiny", transcript_dir=str(tmp_path))
+        async with app.run_test(size=(100, 40)) as pilot:
+            await ask(app, pilot, "hello")
+            await wait_done(app, pilot)
+            text = " ".join(panel(app, "acceptance").split())
+            blocks = re.search(r"(\d+) blocks of ([\d.]+) drafts \(at most 3\) from one drafter forward each", text)
+            assert blocks and int(blocks.group(1)) > 1 and 2 < float(blocks.group(2)) <= 3
+            assert bool(re.search(r"estimated acceptance per position \[\d+%( \d+%){2}\]", text)) == confidence
     asyncio.run(run())
 
 

@@ -64,6 +64,7 @@ class BlockDrafter:
         self.embed = model.embed_tokens if "embed_tokens" in model else compat.input_embedding(target_model)
         self.head = model.lm_head if "lm_head" in model else compat.output_head(target_model)
         self.caches, self.pending, self.start = model.make_cache(), [], 0  # start: the next feature's position
+        self.blocks, self.block_drafts, self.confidence = 0, 0, []  # this generation's, for `report`
 
     def batched(self, target_batch) -> RowDrafters:
         """Drafting for a batch: each row its own drafter (its context, the weights shared), chains."""
@@ -76,6 +77,7 @@ class BlockDrafter:
     def begin(self, context: list[int], prompt_step: Step) -> None:
         """The prompt's features join the context now, in pieces; when the target reused a cached prefix whose
         features the drafter already holds, they stay."""
+        self.blocks, self.block_drafts, self.confidence = 0, 0, []
         hidden = prompt_step.hidden
         rows = 0 if hidden is None else hidden.shape[0]
         if not (prompt_step.start and self.covered() == prompt_step.start):
@@ -99,6 +101,7 @@ class BlockDrafter:
         if k == 0 or not self.caches[0].offset:
             return Draft.empty()
         c = self.model.config
+        self.blocks, self.block_drafts = self.blocks + 1, self.block_drafts + k
         anchor = mx.array(context[-1:], dtype=mx.int32)
         block = mx.concatenate([anchor, mx.full((k - c["from_anchor"],), c["mask"], dtype=mx.int32)])
         embedded = self.embed(block) * c["input_scale"] if c["input_scale"] != 1 else self.embed(block)
@@ -124,7 +127,22 @@ class BlockDrafter:
         if "confidence_head" in self.model:  # DSpark: each position's chance of acceptance, for the policy's cut
             previous = mx.concatenate([anchor, draft.tokens[:-1]])
             draft.confidence = self.model.confidence_head(hidden, markov.markov_w1(previous))
+            self.confidence.append(draft.confidence)
         return draft
+
+    def report(self) -> str:
+        """This generation's blocks: how many, how long of the most the drafter drafts, and DSpark's mean estimate
+        of each position's acceptance (to read beside the measured one)."""
+        if not self.blocks:
+            return ""
+        text = (f"{self.blocks} blocks of {self.block_drafts / self.blocks:.1f} drafts (at most "
+                f"{self.model.config['drafts']}) from one drafter forward each")
+        if self.confidence:
+            rows = [c.tolist() for c in self.confidence]
+            means = [sum(r[i] for r in rows if len(r) > i) / sum(len(r) > i for r in rows)
+                     for i in range(max(map(len, rows)))]
+            text += f"; estimated acceptance per position [{' '.join(f'{m:.0%}' for m in means)}]"
+        return text
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         self.pending.append(step.hidden)  # the round's last token and accepted drafts
