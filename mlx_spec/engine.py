@@ -195,7 +195,8 @@ class Engine:
         try:
             prompt_step = self.target.prefill(context[:-1], cached, hidden=self.policy.drafts_at(1),
                                               interrupted=lambda: not self.lockstep and (self.stop_requested
-                                                                                         or should_stop()))
+                                                                                         or should_stop()),
+                                              absorb=getattr(self.drafter, "absorb", None))
         except Interrupted:
             stats.prefill_seconds = time.perf_counter() - start
             yield Done("stopped", "", [], stats)
@@ -354,7 +355,7 @@ class Engine:
         the length it drafted."""
         context = self.encode(prompt)
         self.cached_context = []
-        prompt_step = self.target.prefill(context[:-1])
+        prompt_step = self.target.prefill(context[:-1], absorb=getattr(self.drafter, "absorb", None))
         if self.drafter:
             self.drafter.begin(context, prompt_step)
         if self.tree_width > 1:

@@ -26,6 +26,7 @@ class Step:
     hidden: mx.array | None = None  # (n, H): the final hidden state at each input, when a drafter needs it
     start: int = 0  # the position of the first input (a prefill that reused a cached prefix starts later)
     tree_logits: mx.array | None = None  # after `rows`: the logits at every input (a tree's every node)
+    absorbed: int = 0  # after a prefill: the positions whose hidden states it handed to `absorb` instead
 
     def first(self, n: int) -> "Step":
         return Step(None if self.logits is None else self.logits[:n], None if self.hidden is None else self.hidden[:n],
@@ -163,12 +164,14 @@ class Target:
         return common if trimmable(self.cache) and self.read_hidden is None else 0
 
     def prefill(self, tokens: list[int], cached: list[int] = (), hidden: bool = True,
-                interrupted: Callable[[], bool] = lambda: False) -> Step:
+                interrupted: Callable[[], bool] = lambda: False,
+                absorb: Callable[[int, mx.array], None] | None = None) -> Step:
         """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback. The prefix
         it shares with `cached` (what the cache holds now) is reused when the cache allows. Returns the hidden
         states of the last positions it ran (`hidden_tail` of them, or all) when they were asked for and `hidden`,
-        no logits. `interrupted()` is asked between chunks: when true, the cache is emptied and `Interrupted`
-        raised."""
+        no logits; with `absorb` each chunk's go to `absorb(first position, states)` as it runs instead, so a
+        long prompt's are never all held at once. `interrupted()` is asked between chunks: when true, the cache
+        is emptied and `Interrupted` raised."""
         keep = self.reusable(cached, tokens)
         if keep:
             rollback(self.cache, self.offset - keep, self.offset)
@@ -177,7 +180,7 @@ class Target:
             self.reset()
         for cache in self.recurrent_caches:
             cache.capture = False
-        read, states, start = self.read_hidden is not None and hidden, [], keep
+        read, states, start, absorbed = self.read_hidden is not None and hidden, [], keep, 0
         tail = hidden_from(keep, len(tokens), self.hidden_tail if read else 0)
         while start < len(tokens):
             if interrupted():
@@ -187,11 +190,14 @@ class Target:
             step = self.forward(tokens[start:end])
             states += [step.hidden] if read and start >= tail else []
             mx.eval([c.state for c in self.cache], states[-1:])
+            if absorb and states:
+                absorbed += states[-1].shape[0]
+                absorb(start, states.pop())
             start = end
         for cache in self.recurrent_caches:
             cache.release()
             cache.capture = True
-        return Step(None, mx.concatenate(states) if states else None, keep)
+        return Step(None, mx.concatenate(states) if states else None, keep, absorbed=absorbed)
 
     def keep(self, block: int, kept: list[int]) -> None:
         """Of the last `block` positions keep those at `kept` (ascending indices into the block), in order:

@@ -354,3 +354,39 @@ def test_speculators_layout_with_a_reduced_vocabulary_decodes_exactly(tiny, tmp_
     result = engine.generate(ids, max_tokens=64)
     assert result.tokens == expected
     assert 0 < result.stats.accepted < result.stats.drafted
+
+
+def test_long_prompts_stream_their_features_and_extended_prompts_keep_them(tiny, tmp_path):
+    """A prompt of several prefill chunks hands the drafter each chunk's features as the target runs it (never
+    all at once); a second prompt extending the first reuses the target's cache and the drafter's features of
+    the first: drafts equal the reference's from the whole context both times."""
+    path = random_block_drafter(tmp_path / "drafter", tiny["qwen3"])
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(path))
+    drafter, target = engine.drafter, engine.target
+    target_model = loaded(str(tiny["qwen3"]))[0]
+    model, config = reference(path, target_model)
+    ids = (engine.encode(PROMPT) * 100)[:1300]
+    chunks = []
+
+    def absorb(start, hidden):
+        chunks.append((start, hidden.shape[0]))
+        drafter.absorb(start, hidden)
+
+    def assert_drafts_match(context):
+        draft = drafter.propose(context, 3, SamplingParams(temperature=1.0), mx.random.key(0))
+        features = layer_outputs(target_model, context[:-1], config["dflash_config"]["target_layer_ids"])[0]
+        expected, _ = reference_distributions(model, config, context[-1], draft.tokens.tolist(), features,
+                                              model.make_cache())
+        with np.errstate(divide="ignore"):
+            np.testing.assert_allclose(np.log(np.array(draft.q)), np.log(expected), rtol=1e-4, atol=1e-4)
+
+    first, second = ids[:1100], ids
+    step = target.prefill(first[:-1], absorb=absorb)
+    assert step.hidden is None and step.absorbed == 1099 and [n for _, n in chunks] == [512, 512, 75]
+    drafter.begin(first, step)
+    assert_drafts_match(first)
+    chunks.clear()
+    step = target.prefill(second[:-1], cached=first[:-1], absorb=absorb)
+    assert step.start == 1099 and chunks == [(1099, 200)] and step.absorbed == 200
+    drafter.begin(second, step)
+    assert_drafts_match(second)

@@ -29,7 +29,9 @@ class Drafter(Protocol):
     the statistics) and one with a shape of its own names it in `shape`. One that drafts for a batch has
     `batched(target_batch)`, which returns the batch's drafter: `join(context, hidden, ready)`, `select(rows)`,
     `propose(contexts, lengths, params, keys)` and `accept(contexts, accepted, hidden)` (as `RowDrafters`). One
-    that reads the target's hidden states over the prompt's last positions only says how many in `hidden_tail`."""
+    that reads the target's hidden states over the prompt's last positions only says how many in `hidden_tail`;
+    one that reads all of them may take them chunk by chunk while the target prefills, in `absorb(first
+    position, states)` (its `begin` then gets none)."""
 
     name: str
 

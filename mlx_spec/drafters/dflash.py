@@ -74,15 +74,29 @@ class BlockDrafter:
         """The positions whose features the drafter holds or has waiting."""
         return self.start + sum(h.shape[0] for h in self.pending)
 
+    def resume_at(self, position: int, reused: int) -> None:
+        """Features continue from `position`: what the drafter holds stays when it ends there and the target
+        reused its cache that far (`reused` positions); otherwise the context starts afresh from there."""
+        self._catch_up()
+        if not 0 < position == self.start <= reused:
+            self.caches = self.model.make_cache()
+        self.start = position
+
+    def absorb(self, start: int, hidden: mx.array) -> None:
+        """The features of a prefill chunk from position `start` join the context as the target runs it."""
+        if start != self.covered():  # the first chunk: the target reused its cache up to `start`
+            self.resume_at(start, start)
+        self.pending.append(hidden)
+        self._catch_up()
+        mx.eval([c.state for c in self.caches])
+
     def begin(self, context: list[int], prompt_step: Step) -> None:
-        """The prompt's features join the context now, in pieces; when the target reused a cached prefix whose
-        features the drafter already holds, they stay."""
+        """The prompt's features join the context now, in pieces, unless `absorb` took them during the prefill."""
         self.blocks, self.block_drafts, self.confidence = 0, 0, []
-        hidden = prompt_step.hidden
-        rows = 0 if hidden is None else hidden.shape[0]
-        if not (prompt_step.start and self.covered() == prompt_step.start):
-            self.caches, self.pending, self.start = self.model.make_cache(), [], len(context) - 1 - rows
-        self.pending += [hidden] if rows else []
+        if not prompt_step.absorbed:
+            rows = 0 if prompt_step.hidden is None else prompt_step.hidden.shape[0]
+            self.resume_at(len(context) - 1 - rows, prompt_step.start)
+            self.pending += [prompt_step.hidden] if rows else []
         self._catch_up()
 
     def _catch_up(self) -> None:
