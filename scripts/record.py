@@ -3,7 +3,7 @@
     python scripts/record.py NAME -- python scripts/bench_real.py --tokens 32 --reps 3
 
 Runs the command (its output shown as it comes), measures how much CPU other processes took meanwhile, and
-writes docs/benchmarks/NAME.json: the command, the commit (and whether the work tree differed from it), the
+writes docs/benchmarks/NAME.json: the command, the commit (and whether the code differed from it), the
 date, the machine, that load, and every line the command printed (a script's tables are its figures). Nothing is
 written when the command fails. `python scripts/doc_figures.py` puts the records into README.md and docs/.
 """
@@ -23,6 +23,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "docs" / "benchmarks"
+CODE = ("mlx_spec", "tui", "scripts", "pyproject.toml")
 sys.path.insert(0, str(ROOT))
 
 from mlx_spec.bench import Neighbours  # noqa: E402
@@ -50,6 +51,8 @@ def main() -> int:
         parser.error("give a name of letters, digits and dashes, then -- and the command")
     lines = []
     started = datetime.datetime.now(datetime.timezone.utc)
+    commit = git("rev-parse", "--short", "HEAD")
+    changed = bool(git("status", "--porcelain", "--untracked-files=no", "--", *CODE))  # what the figures measure
     with Neighbours() as neighbours:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
@@ -59,8 +62,7 @@ def main() -> int:
     if proc.returncode:
         print(f"record.py: the command exited with {proc.returncode}; nothing recorded", file=sys.stderr)
         return proc.returncode
-    record = {"name": args.name, "command": shlex.join(command), "commit": git("rev-parse", "--short", "HEAD"),
-              "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no")),
+    record = {"name": args.name, "command": shlex.join(command), "commit": commit, "uncommitted_changes": changed,
               "date": started.strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
               "load": {"other_processes_cpu_share": round(neighbours.share, 3),
                        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds())},

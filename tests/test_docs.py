@@ -1,5 +1,6 @@
-"""The docs cannot rot unseen: every relative link in README.md and docs/ resolves, and every `mlx-spec ...`
-command they show parses with the current argument parser (a dry parse: a flag that no longer exists fails)."""
+"""The docs cannot rot unseen: every relative link in README.md and docs/ resolves, every `mlx-spec ...` command
+they show parses with the current argument parser (a dry parse: a flag that no longer exists fails), the command
+reference says what each `--help` says, the error list is the code's, and the figures are their records'."""
 
 import re
 import shlex
@@ -58,3 +59,48 @@ def test_every_relative_link_resolves(page):
     broken = [link for link in links if not re.match(r"[a-z]+:|#", link)
               and not (page.parent / link.split("#")[0]).exists()]
     assert not broken, broken
+
+
+def subcommands():
+    import argparse
+
+    parser = build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+@pytest.mark.parametrize("command", list(subcommands()))
+def test_the_cli_reference_says_what_help_says(command):
+    """docs/cli.md (written by scripts/cli_reference.py) shows every flag of every command with the help text and
+    default its --help gives (compared word by word, so argparse's wrapping across Python versions does not
+    matter)."""
+    section = (ROOT / "docs" / "cli.md").read_text().split(f"## mlx-spec {command}\n")[1].split("\n## ")[0]
+    words = " ".join(section.split())
+    sub = subcommands()[command]
+    for action in sub._actions:
+        for flag in action.option_strings:
+            assert flag in words, f"{command} {flag}: missing from docs/cli.md (run python scripts/cli_reference.py)"
+        if action.help:
+            text = " ".join((action.help % {"default": action.default, "prog": sub.prog}).split())
+            assert text in words, f"{command} {action.option_strings}: docs/cli.md says another help or default"
+
+
+@pytest.mark.parametrize("script", ["error_reference.py", "doc_figures.py"])
+def test_generated_pages_match_what_they_are_written_from(script):
+    """docs/troubleshooting.md lists every one-line error the code raises; every figures block in README.md and
+    docs/ holds what its record in docs/benchmarks/ says (no speed figure typed by hand)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_figures_block_names_a_record_with_its_provenance():
+    import json
+
+    names = re.findall(r"<!-- figures: ([\w-]+)", " ".join(page.read_text() for page in PAGES))
+    assert names
+    for name in names:
+        record = json.loads((ROOT / "docs" / "benchmarks" / f"{name}.json").read_text())
+        assert record["command"].startswith("python scripts/") and record["output"]
+        assert {"commit", "date", "machine", "load"} <= set(record)
