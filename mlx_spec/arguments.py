@@ -31,7 +31,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
              + ")")
     add("--tree-width", type=int, default=1,
         help="draft token trees with this many nodes per level (a draft model, Medusa or EAGLE-3 heads, a DFlash "
-             "block drafter, or ngram; default 1: a chain)")
+             "block drafter, ngram or suffix; default 1: a chain)")
+    add("--suffix-cache", metavar="FILE", help="the suffix drafter's index of earlier requests, loaded from FILE "
+                                                "at start and saved there at exit (default: kept in memory only)")
     add("--mtp-hidden", choices=["post", "pre"], default="post",
         help="target hidden state fed to the MTP layer: after (default) or before the final norm")
     add("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")

@@ -98,6 +98,12 @@ def check_model_flags(args) -> None:
         raise SpecError(f"--draft-model is the draft-model drafter's, not --drafter {args.drafter}'s: drop one of them")
     if args.mtp_path and args.drafter not in (None, "mtp"):
         raise SpecError(f"--mtp-path is the mtp drafter's, not --drafter {args.drafter}'s: drop one of them")
+    if args.suffix_cache:
+        if args.drafter != "suffix":
+            raise SpecError("--suffix-cache keeps the suffix drafter's index: add --drafter suffix, or drop it")
+        from .files import check_writable
+
+        check_writable(args.suffix_cache, "--suffix-cache")
 
 
 def load_engine(args):
@@ -109,7 +115,7 @@ def load_engine(args):
     from .loading import load
 
     engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size,
-                  args.mtp_hidden, args.tree_width, args.distributed, args.mtp_path)
+                  args.mtp_hidden, args.tree_width, args.distributed, args.mtp_path, args.suffix_cache)
     if lockstep := engine.lockstep:
         if not lockstep.leader:
             sys.exit(lockstep.follow(engine))

@@ -19,6 +19,8 @@ DRAFTERS = {kind.name: kind for kind in [
     DrafterKind("draft-model", "a smaller model of the same vocabulary, a Gemma 4 assistant, Medusa or EAGLE-3 "
                                "heads, or a DFlash / DFlash2 / DSpark block drafter (--draft-model)", 6),
     DrafterKind("ngram", "prompt lookup: continue as the prompt or output continued before; no extra memory", 6),
+    DrafterKind("suffix", "suffix decoding: continue as this request and earlier ones (kept while the process "
+                          "runs; across runs with --suffix-cache) continued most often; no weights", 8),
     DrafterKind("lookahead", "lookahead decoding: Jacobi trajectories run beside each verification fill an n-gram "
                              "pool; no extra weights (targets that verify token trees)", 4),
     DrafterKind("off", "plain decoding", 0),

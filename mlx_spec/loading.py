@@ -18,6 +18,7 @@ from .drafters.gemma4_assistant import AssistantDrafter, shared_kv_sources
 from .drafters.lookahead import LookaheadDrafter
 from .drafters.medusa import MedusaDrafter
 from .drafters.ngram import NgramDrafter
+from .drafters.suffix import SuffixDrafter, shared_index
 from .drafters.qwen_mtp import MTPDrafter
 from .distributed import Lockstep, join
 from .engine import Engine, check_draft_len
@@ -209,6 +210,7 @@ def load_target(model: str | None, draft_model: str | None = None, distributed: 
 
 
 MAX_TREE_WIDTH = 8
+TREE_DRAFTERS = ("draft-model", "ngram", "suffix", "off")  # those --tree-width applies to
 
 
 def check_options(drafter: str | None, draft_len: int | None, mtp_hidden: str, tree_width: int) -> None:
@@ -224,7 +226,8 @@ def check_options(drafter: str | None, draft_len: int | None, mtp_hidden: str, t
 
 def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: str | None = None,
                 draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
-                mtp_hidden: str = "post", tree_width: int = 1, mtp_path: str | None = None) -> Engine:
+                mtp_hidden: str = "post", tree_width: int = 1, mtp_path: str | None = None,
+                suffix_cache: str | None = None) -> Engine:
     """An Engine around a loaded target with the chosen drafter (see `load` for the arguments)."""
     declares_mtp = declared_mtp_layers(target.config) + declared_nextn_layers(target.config) > 0
     drafter = drafter or default_drafter(bool(draft_model), declares_mtp or bool(mtp_path),
@@ -243,9 +246,9 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                         f"{MTP_HEAD}): give a folder `mlx-spec train-mtp` wrote")
     if head_path and mtp_hidden != "post":
         raise SpecError("--mtp-hidden pre: a trained MTP head reads the target's post-norm hidden state; drop it")
-    if tree_width > 1 and drafter not in ("draft-model", "ngram", "off"):
-        raise SpecError(f"--tree-width needs a draft model (--draft-model) or --drafter ngram: the {drafter} "
-                        "drafter proposes chains only")
+    if tree_width > 1 and drafter not in TREE_DRAFTERS:
+        raise SpecError(f"--tree-width needs a draft model (--draft-model) or --drafter ngram or suffix: the "
+                        f"{drafter} drafter proposes chains only")
     draft_path = resolve(draft_model) if drafter == "draft-model" else None
     draft_config = read_config(draft_path) if draft_path else {}
     assistant, medusa, eagle3 = is_assistant(draft_config), is_medusa(draft_config), is_eagle3(draft_config)
@@ -272,6 +275,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     chosen = None
     if drafter == "ngram":
         chosen = NgramDrafter()
+    elif drafter == "suffix":
+        chosen = SuffixDrafter(shared_index(Path(suffix_cache).expanduser() if suffix_cache else None))
     elif drafter == "lookahead":
         if problem := runner.tree_problem():
             raise SpecError(f"lookahead decoding verifies a token tree, and {target.path.name} {problem}: use "
@@ -326,7 +331,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
 
     def sibling(name: str) -> Engine:
         return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden,
-                           tree_width if name in ("draft-model", "ngram", "off") else 1, mtp_path)
+                           tree_width if name in TREE_DRAFTERS else 1, mtp_path, suffix_cache)
     runner.hidden_tail = getattr(chosen, "hidden_tail", None)
     engine = Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
                     available_drafters(target, draft_model, runner.tree_problem() is None, mtp_path) + ["off"],
@@ -340,7 +345,8 @@ def available_drafters(target: LoadedTarget, draft_model: str | None, trees: boo
     """The drafters this target can use ("off" aside): its MTP layer or a trained one, a known draft model,
     n-gram, and lookahead where it verifies token trees."""
     return (["mtp"] * (bool(mtp_path) or declared_mtp_layers(target.config) + declared_nextn_layers(target.config) > 0)
-            + ["draft-model"] * bool(draft_model or target.default_draft_model) + ["ngram"] + ["lookahead"] * trees)
+            + ["draft-model"] * bool(draft_model or target.default_draft_model) + ["ngram", "suffix"]
+            + ["lookahead"] * trees)
 
 
 def assistant_mismatch(assistant_cfg: dict, target_cfg: dict) -> str | None:
@@ -422,7 +428,7 @@ def load_assistant_drafter(path: Path, target: LoadedTarget, runner: Target, kv_
 def load(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
          draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
          mtp_hidden: str = "post", tree_width: int = 1, distributed: str | None = None,
-         mtp_path: str | None = None) -> Engine:
+         mtp_path: str | None = None, suffix_cache: str | None = None) -> Engine:
     """Load a target and a drafter into an Engine.
 
     model: directory, models.toml alias or hub id; None uses the built-in offline demo model.
@@ -434,7 +440,8 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     or before ("pre") the final norm.
     mtp_path: an MTP head `mlx-spec train-mtp` trained for this target: the "mtp" drafter (and the default one
     unless a draft model is given).
-    tree_width: > 1 makes the draft model (or n-gram) propose token trees of that many nodes per level
+    suffix_cache: a file the "suffix" drafter's index is loaded from and saved to when the process exits.
+    tree_width: > 1 makes the draft model (or n-gram, suffix) propose token trees of that many nodes per level
     (verified in one forward); targets or drafts whose caches cannot hold a tree draft chains, and
     `status().shape` says why.
     distributed: "tensor" or "pipeline": the target sharded across the ranks `mlx.launch` started, the drafter
@@ -446,4 +453,4 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
         planned_draft = registry().get(model or DEMO_NAME, {}).get("draft_model")
     target = load_target(model, planned_draft, distributed)
     return make_engine(target, draft_model, drafter, draft_len, kv_bits, kv_group_size, mtp_hidden, tree_width,
-                       mtp_path)
+                       mtp_path, suffix_cache)

@@ -38,7 +38,8 @@ def jobs_for(engine, sampled: bool = False) -> list[Job]:
     ("qwen3_5", "draft-model", "qwen3_5-draft", None), ("qwen3_5", "draft-model", "qwen3_5-draft", 3),  # GDN, both
     ("gemma3", "draft-model", "gemma3-draft", None), ("gemma3", "ngram", None, 2),  # sliding windows (16)
     ("qwen3_5", "off", None, 0), ("gemma3", "off", None, 0),  # plain steps run ahead, sampled rows too
-    ("qwen3", "draft-model", "qwen3-dflash", 3), ("qwen3_5", "draft-model", "qwen3_5-dspark", 2)])  # blocks
+    ("qwen3", "draft-model", "qwen3-dflash", 3), ("qwen3_5", "draft-model", "qwen3_5-dspark", 2),  # blocks
+    ("qwen3", "suffix", None, None), ("gemma3", "suffix", None, None)])  # drafts from earlier rows: greedy only
 def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_len):
     """Greedy rows equal mlx-lm's plain decoding; sampled rows (pinned draft lengths) equal decoding them alone with
     the same seed, token for token: each row's keys and verdicts are its own. The adaptive policy runs on a flat cost
