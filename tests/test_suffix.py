@@ -8,7 +8,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
+from helpers import KEY as API_KEY
+from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli, start_server
 
 import mlx.core as mx
 import mlx_spec
@@ -168,3 +169,29 @@ def test_greedy_output_is_the_targets_own_as_the_index_grows(tiny, family, width
         assert result.tokens == plain_greedy(tiny[family], prompt, 96, 1.3)
         drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
     assert 0 < accepted < drafted
+
+
+@pytest.mark.parametrize("batch_size", ["1", "4"])
+def test_a_server_drafts_each_request_from_the_ones_before_and_keeps_them(tiny, tmp_path, batch_size):
+    """The same question three times: the later answers draft the first one's (in a batch too); at shutdown the
+    index is saved to --suffix-cache, every answer in it."""
+    import signal
+
+    import httpx
+
+    cache = tmp_path / "server.npz"
+    proc, url = start_server(tiny, "--batch-size", batch_size,
+                             drafter=("--drafter", "suffix", "--suffix-cache", str(cache)))
+    try:
+        usages = []
+        for _ in range(3):
+            reply = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120,
+                               json={"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 40,
+                                     "temperature": 0})
+            assert reply.status_code == 200, reply.text
+            usages.append(reply.json()["usage"])
+        assert usages[2]["draft_n_accepted"] > max(usages[0]["draft_n_accepted"], 20)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    assert len(SuffixIndex.load(cache).sequences) >= 3
