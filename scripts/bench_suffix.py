@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec.drafters.suffix import BUDGET, SuffixIndex  # noqa: E402
 from mlx_spec.sampling import SamplingParams  # noqa: E402
 
 TOOL = ("You can call one tool, `lookup`, by answering with JSON only, exactly of this form: "
@@ -116,8 +117,25 @@ def main() -> int:
     per_round = statistics.median(cost)
     print(f"suffix drafter's lookup + update: {per_round * 1e6:.0f} us a round, {per_round / step:.2%} of a plain "
           f"decode step ({step * 1e3:.0f} ms); its index: {drafter.report()}")
+    print(f"an index at its budget of {BUDGET} tokens (random ones, of the target's vocabulary: every n-gram "
+          f"new) holds {index_memory(len(plain.tokenizer.get_vocab())) / 2**20:.0f} MiB of Python objects")
     print(neighbours.verdict()[1])
     return 0
+
+
+def index_memory(vocab: int) -> int:
+    """Bytes an index full to its budget allocates (tracemalloc), of sequences of 2,048 random tokens."""
+    import random
+    import tracemalloc
+
+    rng = random.Random(0)
+    tracemalloc.start()
+    index = SuffixIndex()
+    for _ in range(BUDGET // 2048):
+        index.add([rng.randrange(vocab) for _ in range(2048)])
+    size = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return size
 
 
 if __name__ == "__main__":

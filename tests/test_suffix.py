@@ -90,7 +90,7 @@ def test_the_index_keeps_to_its_budget_dropping_the_oldest():
     ids = [index.add(list(range(i, i + 40))) for i in range(5)]
     index.evict(keep={ids[0]})
     assert index.size == 80 and list(index.sequences) == [ids[0], ids[4]]
-    assert all(sid in index.sequences for found in index.ends.values() for sid, _ in found)
+    assert all(entry >> 32 in index.sequences for found in index.ends.values() for entry in found)
     match, found = index.occurrences([99, 1, 2])  # "1 2" only the first sequence holds now
     assert match == 2 and found == [(ids[0], 3)]
 

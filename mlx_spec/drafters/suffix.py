@@ -42,6 +42,7 @@ OCCURRENCES = 64  # per key, the latest occurrences kept
 MIN_PROBABILITY = 0.1  # a drafted node's least cumulative probability
 BUDGET = 1 << 18  # tokens kept by default (the oldest sequences dropped past it)
 MAGIC = "mlx-spec suffix cache 1"
+MASK = (1 << 32) - 1
 
 
 class SuffixIndex:
@@ -50,7 +51,7 @@ class SuffixIndex:
     def __init__(self, budget: int = BUDGET):
         self.budget, self.size, self.next_id = budget, 0, 0
         self.sequences: OrderedDict[int, list[int]] = OrderedDict()  # oldest first
-        self.ends: dict[tuple[int, ...], list[tuple[int, int]]] = {}  # n-gram -> (sequence, end), newest first
+        self.ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> sequence << 32 | end, newest first
 
     def add(self, tokens: list[int]) -> int:
         """A new sequence holding `tokens`; its id."""
@@ -67,7 +68,7 @@ class SuffixIndex:
             end = len(sequence)
             for n in range(1, min(KEY, end) + 1):
                 found = self.ends.setdefault(tuple(sequence[end - n:end]), [])
-                found.insert(0, (sid, end))
+                found.insert(0, sid << 32 | end)  # an int: a third of a tuple's memory
                 del found[OCCURRENCES:]
         self.size += len(tokens)
 
@@ -84,7 +85,7 @@ class SuffixIndex:
                 for n in range(1, min(KEY, end) + 1):
                     key = tuple(sequence[end - n:end])
                     if (found := self.ends.get(key)) is not None:
-                        found[:] = [entry for entry in found if entry[0] != sid]
+                        found[:] = [entry for entry in found if entry >> 32 != sid]
                         if not found:
                             del self.ends[key]
 
@@ -92,8 +93,8 @@ class SuffixIndex:
         """(the longest match, the ends of the occurrences of that suffix of `context` that a token follows):
         those of the longest key found, each compared backwards up to MAX_MATCH tokens."""
         for n in range(min(KEY, len(context)), 0, -1):
-            found = [(sid, end) for sid, end in self.ends.get(tuple(context[-n:]), ())
-                     if end < len(self.sequences[sid])]
+            found = [(entry >> 32, entry & MASK) for entry in self.ends.get(tuple(context[-n:]), ())]
+            found = [(sid, end) for sid, end in found if end < len(self.sequences[sid])]
             if found:
                 break
         else:
