@@ -1,5 +1,5 @@
 """Prove the suite catches what it claims to: apply small deliberate bugs to the core (verification, sampling,
-rollback, drafts, the drafting helpers, n-gram lookup, ragged batches, block drafters), one at a time, each in a
+rollback, drafts, the drafting helpers, n-gram and suffix lookup, ragged batches, block drafters), one at a time, each in a
 fresh copy of the working tree, and run the tests that should catch it. Every mutant must make them fail.
 
     python scripts/mutants.py              # all of them (about 2 minutes on 2 cores)
@@ -89,6 +89,18 @@ MUTANTS = [
            (BLOCK,)),
     Mutant("a block drafter's context misses each round's first verified position", "mlx_spec/drafters/dflash.py",
            "self.pending.append(step.hidden)", "self.pending.append(step.hidden[1:])", (BLOCK,)),
+    Mutant("speculators' layer ids read as z-lab's", "mlx_spec/models/dflash.py",
+           '"target_layer_ids": aux and [i - 1 for i in aux]', '"target_layer_ids": aux',
+           ("tests/test_block.py::test_speculators_layout_drafts_what_the_reference_drafts_from_the_original",)),
+    Mutant("a z-lab sliding layer's window stays at the first query", "mlx_spec/models/dflash.py",
+           "mask = mask & (mx.abs(query - key) <= self.seen)", "mask = mask",
+           ("tests/test_block.py::test_zlab_sliding_layers_attend_as_its_reference_does",)),
+    Mutant("an extended prompt's features restart the block drafter's context", "mlx_spec/drafters/dflash.py",
+           "self.resume_at(start, start)", "self.resume_at(start, 0)",
+           ("tests/test_block.py::test_long_prompts_stream_their_features_and_extended_prompts_keep_them",)),
+    Mutant("suffix matches are counted one token short", "mlx_spec/drafters/suffix.py",
+           "while n < min(MAX_MATCH, end, len(context))", "while n < min(MAX_MATCH, end, len(context)) - 1",
+           ("tests/test_suffix.py::test_matches_and_their_continuations_equal_a_brute_force_scan",)),
 ]
 
 
