@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben = commands.add_parser("bench", help="measure whether speculation pays here, per kind of work")
     add_model_args(ben)
     ben.add_argument("--drafters", help="comma-separated drafters to compare with plain decoding "
-                                        "(default: every one available for the model)")
+                                        "(default: every one available for the model but suffix)")
     ben.add_argument("--suite", choices=["spec", "quick"], help="built-in prompt suite (default: spec; "
                      "for the demo model, held-out code prompts from its training report)")
     ben.add_argument("--prompts", help="JSONL file of {\"prompt\" or \"messages\", \"category\", \"temperature\"}")

@@ -236,8 +236,12 @@ def bench(args) -> int:
         print(model_notice(None).replace("using", "benchmarking"), file=sys.stderr)
     plain = load(args.model, args.draft_model, "off", kv_bits=args.kv_bits, kv_group_size=args.kv_group_size,
                  mtp_hidden=args.mtp_hidden, tree_width=args.tree_width, mtp_path=args.mtp_path)
-    available = [d for d in plain.status().drafters if d != "off"]
+    # suffix decoding would draft each repetition from the ones before: asked for by name only, and said so
+    available = [d for d in plain.status().drafters if d not in ("off", "suffix")]
     drafters = args.drafters.split(",") if args.drafters else available
+    if "suffix" in drafters:
+        print("bench: the suffix drafter drafts each run from every run before it, the same prompts included: its "
+              "figures are those of repeated work", file=sys.stderr)
     total = sum(len(prompts) for _, prompts in categories.values()) * args.reps * (len(drafters) + 1)
     print(f"bench: {', '.join(['plain', *drafters])} on {len(categories)} categories, {total} runs of "
           f"{args.max_tokens} tokens, interleaved", file=sys.stderr)
