@@ -42,6 +42,9 @@ def main() -> int:
             for loop in loops:
                 loop.kill()
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else f"exit {proc.returncode}"
+    for line in proc.stdout.splitlines():
+        if line.startswith(("FAILED", "ERROR")):
+            print(line)
     print(f"{seconds:.0f} s ({seconds / 60:.1f} min): {summary}; `python -m pytest -q` on a clean clone of {commit}, "
           f"{datetime.now(timezone.utc):%Y-%m-%d}, {os.cpu_count()} cores, {args.busy} busy loops, load average "
           f"{load:.2f} before the start")

@@ -224,11 +224,11 @@ def test_f8_switches_drafter_on_the_same_weights(engine):
         async with app.run_test(size=(100, 30)) as pilot:
             assert "drafter 0.0 MiB" not in panel(app, "memory")  # the MTP layer
             names = []
-            for _ in range(3):
+            for _ in range(4):
                 await pilot.press("f8")
                 names.append(app.engine.status().drafter)
                 assert app.engine.target.model is engine.target.model  # loaded once, shared
-            assert names == ["ngram", "off", "mtp"]
+            assert names == ["ngram", "suffix", "off", "mtp"]
             await pilot.press("f8")
             assert "drafter: ngram" in panel(app, "drafter")
             assert "drafter 0.0 MiB" in panel(app, "memory")
