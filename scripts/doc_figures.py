@@ -5,7 +5,7 @@
 
 A block in README.md or docs/*.md
 
-    <!-- figures: NAME -->            (or `<!-- figures: NAME table -->` for the markdown table lines only)
+    <!-- figures: NAME -->            (or `<!-- figures: NAME table -->`: its markdown table and verdict only)
     <!-- /figures -->
 
 is replaced by what docs/benchmarks/NAME.json (written by `scripts/record.py`) holds: the command's output, and a
@@ -39,8 +39,10 @@ def rendered(name: str, table_only: bool) -> str:
     if not path.exists():
         raise SystemExit(f"doc_figures.py: no record {path.relative_to(ROOT)}: record it with scripts/record.py")
     record = json.loads(path.read_text())
-    if table_only:
+    if table_only:  # the table, and the script's verdict on the machine's quiet
         body = "\n".join(line for line in record["output"] if line.startswith("|"))
+        verdict = [line for line in record["output"] if line.startswith(("UNRELIABLE", "quiet machine"))]
+        body += "".join(f"\n\n{line}" for line in verdict[-1:])
     else:
         body = "```text\n" + "\n".join(record["output"]) + "\n```"
     return f"{body}\n\n{provenance(record)}\n"

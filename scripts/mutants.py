@@ -96,10 +96,10 @@ MUTANTS = [
            "mask = mask & (mx.abs(query - key) <= self.seen)", "mask = mask",
            ("tests/test_block.py::test_zlab_sliding_layers_attend_as_its_reference_does",)),
     Mutant("an extended prompt's features restart the block drafter's context", "mlx_spec/drafters/dflash.py",
-           "self.resume_at(start, start)", "self.resume_at(start, 0)",
+           "if start != self.covered():", "if True:",
            ("tests/test_block.py::test_long_prompts_stream_their_features_and_extended_prompts_keep_them",)),
-    Mutant("suffix matches are counted one token short", "mlx_spec/drafters/suffix.py",
-           "while n < min(MAX_MATCH, end, len(context))", "while n < min(MAX_MATCH, end, len(context)) - 1",
+    Mutant("suffix drafts skip the token after each match", "mlx_spec/drafters/suffix.py",
+           "index.sequences[sid][end:end + depth]", "index.sequences[sid][end + 1:end + 1 + depth]",
            ("tests/test_suffix.py::test_matches_and_their_continuations_equal_a_brute_force_scan",)),
 ]
 

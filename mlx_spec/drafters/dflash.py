@@ -84,8 +84,8 @@ class BlockDrafter:
 
     def absorb(self, start: int, hidden: mx.array) -> None:
         """The features of a prefill chunk from position `start` join the context as the target runs it."""
-        if start != self.covered():  # the first chunk: the target reused its cache up to `start`
-            self.resume_at(start, start)
+        if start != self.covered():  # not where the features it holds end: the context starts afresh here
+            self.caches, self.pending, self.start = self.model.make_cache(), [], start
         self.pending.append(hidden)
         self._catch_up()
         mx.eval([c.state for c in self.caches])
