@@ -128,6 +128,7 @@ def test_a_command_line_agent_drafts_from_its_earlier_runs(tiny, tmp_path):
     accepted; the file is written whole; a damaged one is a warning line and the run goes on."""
     cache = tmp_path / "agent.npz"
     args = ("generate", "--model", str(tiny["qwen3"]), "--drafter", "suffix", "--suffix-cache", str(cache),
+            "--num-draft", "6",
             "--prompt", PROMPT, "--max-tokens", "40", "--raw", "--json")
     first = run_cli(*args)
     assert first.returncode == 0, first.stderr
@@ -161,7 +162,7 @@ def test_greedy_output_is_the_targets_own_as_the_index_grows(tiny, family, width
     """Three requests through one engine (chains; Gemma 3's sliding windows with trees; a Gated DeltaNet
     target): each output is mlx-lm's plain greedy one, while the later ones draft from the earlier ones, drafts
     both accepted and rejected."""
-    engine = mlx_spec.load(str(tiny[family]), drafter="suffix", tree_width=width)
+    engine = mlx_spec.load(str(tiny[family]), drafter="suffix", tree_width=width, draft_len=6)  # not the clock's
     ids = engine.encode(PROMPT)
     drafted = accepted = 0
     for prompt in (ids, ids, ids[:len(ids) // 2]):
@@ -180,13 +181,13 @@ def test_a_server_drafts_each_request_from_the_ones_before_and_keeps_them(tiny, 
     import httpx
 
     cache = tmp_path / "server.npz"
-    proc, url = start_server(tiny, "--batch-size", batch_size,
+    proc, url = start_server(tiny, "--batch-size", batch_size, "--num-draft", "6",
                              drafter=("--drafter", "suffix", "--suffix-cache", str(cache)))
     try:
         usages = []
         for _ in range(3):
-            reply = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120,
-                               json={"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 40,
+            reply = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                               timeout=120, json={"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 40,
                                      "temperature": 0})
             assert reply.status_code == 200, reply.text
             usages.append(reply.json()["usage"])
