@@ -16,6 +16,15 @@ def materialize(model) -> None:
     mx.eval([value for module in model.modules() for value in module.values() if isinstance(value, mx.array)])
 
 
+def target_rows(d2t: mx.array, vocab: int) -> mx.array:
+    """For each of the target's `vocab` tokens, its row in a reduced draft vocabulary whose draft id d is target
+    id d + d2t[d] (the EAGLE / speculators map); the draft vocabulary's size (past the last row) for the others."""
+    draft_vocab = d2t.shape[0]
+    index = mx.full((vocab,), draft_vocab, dtype=mx.int32)
+    index[mx.arange(draft_vocab) + d2t.astype(mx.int32)] = mx.arange(draft_vocab, dtype=mx.int32)
+    return index
+
+
 def to_target_vocabulary(scores: mx.array, index: mx.array) -> mx.array:
     """Scores over a head's reduced vocabulary (n, R) as scores over the target's (n, V): `index` maps each target
     token to its row, R (past the last) for tokens outside it, which score -inf."""

@@ -44,7 +44,7 @@ import mlx.nn as nn
 from .. import compat
 from ..caches import rollback
 from ..errors import SpecError
-from . import load_exactly, read_safetensors, rope_settings, to_target_vocabulary
+from . import load_exactly, read_safetensors, rope_settings, target_rows, to_target_vocabulary
 
 MARKERS = {  # variants recognised by their config, not read yet, and what marks them
     "DFly (per-layer fusion weights)": ("layer_fusion_weights", "hidden_correction"),
@@ -325,10 +325,7 @@ class BlockDrafterModel(nn.Module):
 
     def map_vocabulary(self, d2t: mx.array) -> None:
         """Target id = draft id + d2t[draft id]; tokens outside the draft vocabulary score -inf."""
-        targets = mx.arange(self.config["draft_vocab"]) + d2t.astype(mx.int32)
-        index = mx.full((self.config["vocab_size"],), self.config["draft_vocab"], dtype=mx.int32)
-        index[targets] = mx.arange(self.config["draft_vocab"], dtype=mx.int32)
-        self._to_target = index
+        self._to_target = target_rows(d2t, self.config["vocab_size"])
 
     def to_target(self, scores: mx.array) -> mx.array:
         """Scores over the drafter's vocabulary (n, D) as scores over the target's (n, V)."""

@@ -32,7 +32,7 @@ from mlx_lm.models.cache import KVCache
 
 from .. import compat
 from ..errors import SpecError
-from . import load_exactly, read_safetensors, rope_settings, to_target_vocabulary
+from . import load_exactly, read_safetensors, rope_settings, target_rows, to_target_vocabulary
 
 HEAD_KEYS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc", "fc_norm",
              "norm_output", "eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state",
@@ -151,11 +151,7 @@ class Eagle3(nn.Module):
 
     def map_vocabulary(self, d2t: mx.array) -> None:
         """Target id = draft id + d2t[draft id]; tokens outside the draft vocabulary score -inf."""
-        vocab = self._to_target.shape[0]
-        targets = mx.arange(self.draft_vocab) + d2t.astype(mx.int32)
-        index = mx.full((vocab,), self.draft_vocab, dtype=mx.int32)
-        index[targets] = mx.arange(self.draft_vocab, dtype=mx.int32)
-        self._to_target = index
+        self._to_target = target_rows(d2t, self._to_target.shape[0])
 
     def project(self, features: mx.array) -> mx.array:
         """fc over the target's concatenated features, normed first as the config asks."""
