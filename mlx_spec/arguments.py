@@ -117,30 +117,47 @@ def build_parser() -> argparse.ArgumentParser:
                      "or fewer when memory is short; 1 where the model or drafter cannot batch)")
 
     trn = commands.add_parser("train-mtp", help="train an MTP head for a model that has none (Llama, Qwen2/3, "
-                                                "Mistral, SmolLM), on this machine")
-    trn.add_argument("--model", required=True, help="the target: directory, models.toml name or hub id")
-    trn.add_argument("--data", nargs="+", help="text files or folders of them to train on")
-    trn.add_argument("--prompts", help="a JSONL file of prompts (as bench reads) the target answers first: its "
-                     "answers are half of every batch, and held-out acceptance is measured on them too")
-    trn.add_argument("--answer-tokens", type=int, default=256, help="tokens per answer at most (default 256)")
-    trn.add_argument("--out", required=True, help="the head's directory (must not exist; then --mtp-path OUT)")
-    trn.add_argument("--steps", type=int, default=2000)
-    trn.add_argument("--batch-tokens", type=int, default=512, help="tokens per step (default 512)")
-    trn.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate (default 3e-3)")
-    trn.add_argument("--layer-lr", type=float, default=0.1,
-                     help="the copied decoder layer's learning rate, a fraction of --lr (default 0.1; 0 freezes it)")
-    trn.add_argument("--max-hours", type=float, help="stop after this long and write the head trained so far")
-    trn.add_argument("--vocab-top", type=int, default=32768,
-                     help="the head's vocabulary: the N tokens the data uses most (default 32768; 0: all)")
-    trn.add_argument("--seq-len", type=int, default=256)
-    trn.add_argument("--eval-every", type=int, default=200, help="steps between held-out acceptance reports")
-    trn.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (resume: rerun)")
-    trn.add_argument("--seed", type=int, default=0)
-    trn.add_argument("--quiet", action="store_true", help="no progress bar (the held-out reports still print)")
-    trn.add_argument("--draft-steps", type=int, default=1,
-                     help="chained drafts trained, each fed the head's own output as drafting does (default 1)")
-    trn.add_argument("--reuse", type=int, default=2, help="updates per batch the target runs, the extra ones on "
-                     "recent batches kept in memory (default 2)")
+                                                "Mistral, SmolLM), on this machine (= train-drafter --kind mtp)")
+    drf = commands.add_parser("train-drafter", help="train a drafter for a model nobody published one for, on this "
+                                                    "machine: an MTP head, or a DFlash / DSpark block drafter")
+    drf.add_argument("--kind", choices=["mtp", "dflash", "dspark"], default="dspark",
+                     help="mtp: one draft per head forward (as train-mtp); dflash / dspark: a block of drafts per "
+                     "forward from the target's hidden states (default dspark: its Markov head learns fastest)")
+    for trainer in (trn, drf):
+        trainer.add_argument("--model", required=True, help="the target: directory, models.toml name or hub id")
+        trainer.add_argument("--data", nargs="+", help="text files or folders of them to train on")
+        trainer.add_argument("--prompts", help="a JSONL file of prompts (as bench reads) the target answers first: "
+                             "its answers are half of every batch, and held-out acceptance is measured on them too")
+        trainer.add_argument("--answer-tokens", type=int, default=256, help="tokens per answer at most (default 256)")
+        trainer.add_argument("--out", required=True, help="the drafter's directory (must not exist; then --mtp-path "
+                             "OUT for an MTP head, --draft-model OUT for a block drafter)")
+        trainer.add_argument("--steps", type=int, default=2000)
+        trainer.add_argument("--batch-tokens", type=int, default=512, help="tokens per step (default 512)")
+        trainer.add_argument("--lr", type=float, help="Adam's learning rate (default 3e-3 for mtp, 1e-3 for block "
+                             "drafters)")
+        trainer.add_argument("--max-hours", type=float, help="stop after this long and write what is trained so far")
+        trainer.add_argument("--vocab-top", type=int, default=32768,
+                             help="the drafter's vocabulary: the N tokens the data uses most (default 32768; 0: all)")
+        trainer.add_argument("--seq-len", type=int, default=256)
+        trainer.add_argument("--eval-every", type=int, default=200, help="steps between held-out acceptance reports")
+        trainer.add_argument("--checkpoint-every", type=int, default=100,
+                             help="steps between checkpoints (resume: rerun)")
+        trainer.add_argument("--seed", type=int, default=0)
+        trainer.add_argument("--quiet", action="store_true", help="no progress bar (the held-out reports still print)")
+        trainer.add_argument("--layer-lr", type=float, default=0.1, help="mtp: the copied decoder layer's learning "
+                             "rate, a fraction of --lr (default 0.1; 0 freezes it)")
+        trainer.add_argument("--draft-steps", type=int, default=1, help="mtp: chained drafts trained, each fed the "
+                             "head's own output as drafting does (default 1)")
+        trainer.add_argument("--reuse", type=int, default=2, help="mtp: updates per batch the target runs, the extra "
+                             "ones on recent batches kept in memory (default 2)")
+    drf.add_argument("--block-size", type=int, default=8, help="dflash / dspark: positions a block (dflash drafts "
+                     "one fewer, dspark drafts from the anchor; default 8)")
+    drf.add_argument("--layers", type=int, default=1, help="dflash / dspark: decoder layers (default 1)")
+    drf.add_argument("--target-layers", type=int, default=3,
+                     help="dflash / dspark: target layers read, spread evenly (default 3)")
+    drf.add_argument("--anchors", type=int, default=64, help="dflash / dspark: blocks trained a row a step "
+                     "(default 64)")
+    drf.add_argument("--markov-rank", type=int, default=256, help="dspark: rank of its Markov head (default 256)")
 
     conv = commands.add_parser("convert", help="convert a Hugging Face checkpoint (keeping its MTP layer) or a GGUF "
                                                "file to MLX")

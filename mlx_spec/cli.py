@@ -201,16 +201,31 @@ def batch(args) -> int:
     return 1 if bad else 0
 
 
-def train_mtp(args) -> int:
-    from .train_mtp import train
-
+def train_drafter(args) -> int:
     if args.max_hours is not None and args.max_hours <= 0:
         raise SpecError(f"--max-hours must be > 0, got {args.max_hours}")
-    out = train(args.model, args.data, args.out, args.steps, args.batch_tokens, args.lr, args.max_hours,
-                args.vocab_top, args.seq_len, args.eval_every, args.checkpoint_every, args.seed, args.draft_steps,
-                args.reuse, args.layer_lr, not args.quiet, args.prompts, args.answer_tokens)
-    print(f"wrote the MTP head to {out}: draft with it by --mtp-path {out}", file=sys.stderr)
+    kind = getattr(args, "kind", "mtp")
+    shared = (args.model, args.data, args.out, args.steps, args.batch_tokens)
+    options = dict(max_hours=args.max_hours, vocab_top=args.vocab_top, seq_len=args.seq_len,
+                   eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
+                   progress=not args.quiet, prompts=args.prompts, answer_tokens=args.answer_tokens)
+    if kind == "mtp":
+        from .train_mtp import train
+
+        out = train(*shared, lr=3e-3 if args.lr is None else args.lr, draft_steps=args.draft_steps,
+                    reuse=args.reuse, layer_lr=args.layer_lr, **options)
+        print(f"wrote the MTP head to {out}: draft with it by --mtp-path {out}", file=sys.stderr)
+        return 0
+    from .train_block import train_drafter as train
+
+    out = train(kind, *shared, lr=1e-3 if args.lr is None else args.lr, block_size=args.block_size,
+                layers=args.layers, target_layers=args.target_layers, anchors=args.anchors,
+                markov_rank=args.markov_rank, **options)
+    print(f"wrote the {kind} drafter to {out}: draft with it by --draft-model {out}", file=sys.stderr)
     return 0
+
+
+train_mtp = train_drafter  # train-mtp is train-drafter --kind mtp (its arguments have no --kind)
 
 
 def bench(args) -> int:

@@ -17,63 +17,24 @@ from the step number; kept batches are recomputed); `max_hours` stops cleanly an
 
 from __future__ import annotations
 
-import functools
-import json
-import os
 import shutil
-import sys
-import time
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
 
 from .caches import TreeKVCache, tree_forward
 from .compat import positioned_ropes
 from .errors import SpecError
-from .files import check_writable
 from .models import weight_rows
 from .models.mtp_head import MTPHead, check_trainable, head_config, save_head
+from .training import (Setup, batch_picks, check_numbers, fit, load_checkpoint, output_layer, save_checkpoint,
+                       split_pools, target_logits)
 
-TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst", ".json", ".toml", ".c", ".h", ".js", ".ts", ".rs", ".go", ".java")
-CHECKPOINT = ".train-mtp-checkpoint"
 EVAL_ROWS = 16  # held-out sequences evaluated
 REPLAY = 8  # batches of target features kept in memory for --reuse
-
-
-def text_files(data: list[str]) -> list[Path]:
-    """The text files named, and those under the folders named (by suffix), sorted."""
-    files = []
-    for entry in data:
-        path = Path(entry).expanduser()
-        if path.is_dir():
-            files += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise SpecError(f"--data {entry}: no such file or folder")
-    if not files:
-        raise SpecError(f"--data {' '.join(data)} holds no text files ({', '.join(TEXT_SUFFIXES)}): give some text "
-                        "to train on")
-    return files
-
-
-def sequences(tokenizer, files: list[Path], seq_len: int) -> np.ndarray:
-    """(n, seq_len + 1) token rows, each file cut from its beginning (the target then sees what it sees when it
-    writes the text: its own context from the start), the shorter tail of a file left out."""
-    getattr(tokenizer, "_tokenizer", tokenizer).model_max_length = 2**62  # whole files: no length warnings
-    rows = []
-    for file in files:
-        try:
-            text = file.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        ids = tokenizer.encode(text, add_special_tokens=False) if text.strip() else []
-        rows += [ids[i:i + seq_len + 1] for i in range(0, len(ids) - seq_len, seq_len)]
-    return np.array(rows, dtype=np.int32).reshape(-1, seq_len + 1)
 
 
 class Trainer:
@@ -85,10 +46,8 @@ class Trainer:
         draft_steps: how many chained drafts are trained (each feeding the head its own output, as drafting
         does); reuse: updates per batch the target runs (the extra ones on batches drawn from the last REPLAY,
         kept in memory)."""
-        pools = {name: p for name, p in (("answers", answer_rows), ("text", rows)) if p is not None}
-        self.target, self.config, seq_len = target, config, next(iter(pools.values())).shape[1] - 1
-        self.train_pools = [p[:-max(1, len(p) // 20)] for p in pools.values()]
-        self.held = {name: p[-max(1, len(p) // 20):] for name, p in pools.items()}  # the first: the headline
+        self.train_pools, self.held = split_pools(rows, answer_rows)
+        self.target, self.config, seq_len = target, config, self.train_pools[0].shape[1] - 1
         counts = np.bincount(np.concatenate([p.ravel() for p in self.train_pools]), minlength=config["vocab_size"])
         top = min(vocab_top or config["vocab_size"], config["vocab_size"])
         ids = np.sort(np.argsort(-counts, kind="stable")[:top]).astype(np.int32)
@@ -102,7 +61,8 @@ class Trainer:
         self.batch, self.draft_steps, self.reuse = max(1, batch_tokens // seq_len), draft_steps, reuse
         self.seed, self.step, self.recent = seed, 0, []
         self.run = {"vocab_top": int(ids.size), "seq_len": seq_len, "batch": self.batch, "lr": lr, "seed": seed,
-                    "data_tokens": {k: int(p.size) for k, p in pools.items()}, "draft_steps": draft_steps,
+                    "data_tokens": {name: int(p.size) for name, p in (("answers", answer_rows), ("text", rows))
+                                    if p is not None}, "draft_steps": draft_steps,
                     "reuse": reuse, "layer_lr": layer_lr}
         self.target.freeze()
         self.head.layers[0].unfreeze()  # a copy of a target layer: frozen when the target is
@@ -113,14 +73,9 @@ class Trainer:
         self.loss_and_grad = nn.value_and_grad(self.head, self.loss)
 
     def batch_rows(self, step: int) -> np.ndarray:
-        """The batch of `step`, its rows taken from the pools in turn, each pool in a fixed shuffle per pass over
-        it, so a resumed run sees the same batches."""
-        picks, count = [], len(self.train_pools)
-        for slot in range(step * self.batch, (step + 1) * self.batch):
-            pool = self.train_pools[slot % count]
-            epoch, at = divmod(slot // count, len(pool))
-            picks.append(pool[np.random.default_rng([self.seed, slot % count, epoch]).permutation(len(pool))[at]])
-        return np.stack(picks)
+        """The token rows of batch `step` (`training.batch_picks`)."""
+        return np.stack([self.train_pools[pool][row] for pool, row in
+                         batch_picks(step, self.batch, [len(p) for p in self.train_pools], self.seed)])
 
     def features(self, rows: np.ndarray):
         tokens = mx.array(rows)
@@ -192,108 +147,27 @@ class Trainer:
                 chain &= (guess == wanted) & (wanted == row[j + 1:n + j + 1])
         return [float(h / s) if s else 0.0 for h, s in zip(hits, seen)]
 
-    def save_checkpoint(self, folder: Path) -> None:
-        """Head, optimizer and step, written so that a kill at any moment leaves the last complete one."""
-        folder.mkdir(parents=True, exist_ok=True)
-        state = {**{f"head.{k}": v for k, v in tree_flatten(self.head.trainable_parameters())},
-                 **{f"optimizer.{k}": v for k, v in tree_flatten(self.optimizer.state)}}
-        name = f"state-{self.step}.safetensors"
-        mx.save_safetensors(str(folder / f"partial-{name}"), state)
-        os.replace(folder / f"partial-{name}", folder / name)
-        (folder / "partial-step.json").write_text(json.dumps({"step": self.step, "state": name, "run": self.run}))
-        os.replace(folder / "partial-step.json", folder / "step.json")
-        for old in folder.glob("state-*.safetensors"):
-            if old.name != name:
-                old.unlink()
+    def report(self, acceptance: dict[str, list[float]]) -> str:
+        """Like "first-draft acceptance 31.2% on answers (per draft position: 31% 20%), 25.0% on text"."""
+        return "first-draft acceptance " + ", ".join(
+            f"{a[0]:.1%} on {pool}" + (f" (per draft position: {' '.join(f'{x:.0%}' for x in a)})"
+                                       if self.draft_steps > 1 else "") for pool, a in acceptance.items())
 
-    def load_checkpoint(self, folder: Path) -> bool:
+    def speed(self, seconds: float, first_step: int) -> str:
+        return f"{(self.step - first_step) * self.batch * self.run['seq_len'] / seconds:.0f} target tokens/s"
+
+    def save_checkpoint(self, folder) -> None:
+        save_checkpoint(folder, self.step, self.run, self.head, self.optimizer)
+
+    def load_checkpoint(self, folder) -> bool:
         """Resume from `folder`; the kept batches are run through the target again (they are not saved)."""
-        if not (folder / "step.json").exists():
+        step = load_checkpoint(folder, self.run, self.head, self.optimizer)
+        if step is None:
             return False
-        saved = json.loads((folder / "step.json").read_text())
-        if saved.get("run") != self.run:
-            raise SpecError(f"{folder} holds the checkpoint of another run ({saved.get('run')}): delete it, or repeat "
-                            "that run's command to resume it")
-        state = mx.load(str(folder / saved["state"]))
-        self.head.update(tree_unflatten([(k[len("head."):], v) for k, v in state.items() if k.startswith("head.")]))
-        self.optimizer.state = tree_unflatten([(k[len("optimizer."):], v) for k, v in state.items()
-                                               if k.startswith("optimizer.")])
-        self.step = saved["step"]
+        self.step = step
         if self.reuse > 1:
             self.recent = [self.features(self.batch_rows(s)) for s in range(max(0, self.step - REPLAY), self.step)]
         return True
-
-
-def read_prompts(prompts_file: str) -> list[tuple[float, str | list[dict]]]:
-    """(temperature, prompt) for each line of a JSONL file of prompts, as bench reads it."""
-    from .bench import load_prompts
-
-    return [(temperature, prompt) for temperature, items in load_prompts(None, prompts_file).values()
-            for prompt in items]
-
-
-def answer_rows(loaded, prompts: list[tuple[float, str | list[dict]]], answer_tokens: int, seq_len: int,
-                folder: Path, progress: bool, say) -> np.ndarray:
-    """The target's own answers to `prompts` (`read_prompts`; greedy where the temperature is 0), each after its
-    rendered prompt, packed into (n, seq_len + 1) rows. Generated in batches once: each answer is appended to
-    `folder`/answers.jsonl as it finishes, so a resumed run only generates those it lacks."""
-    from tqdm import tqdm
-
-    from .batched import Job
-    from .loading import make_engine
-    from .prompts import render_prompt
-    from .sampling import SamplingParams
-
-    engine = make_engine(loaded, drafter="off")
-    encoded = [render_prompt(loaded.tokenizer, prompt) for _, prompt in prompts]  # as bench and the chat render
-    store, done = folder / "answers.jsonl", {}
-    if store.exists():  # kept: the whole lines (a kill may cut the last short) that answer these prompts
-        for line in store.read_text().splitlines():
-            try:
-                index, tokens = json.loads(line).values()
-                if tokens[:len(encoded[index])] == encoded[index]:
-                    done[index] = tokens
-            except (ValueError, TypeError, IndexError, AttributeError):
-                continue
-    folder.mkdir(parents=True, exist_ok=True)
-    store.write_text("".join(json.dumps({"index": i, "tokens": t}) + "\n" for i, t in done.items()))
-    jobs = [(i, Job(ids, SamplingParams(temperature=temperature), answer_tokens, seed=i))
-            for i, ((temperature, _), ids) in enumerate(zip(prompts, encoded)) if i not in done]
-    if jobs:
-        longest = max(len(job.prompt) for _, job in jobs) + answer_tokens
-        size = 1 if engine.batch_problem() else min(8, engine.largest_batch(longest))
-        say(f"the target answers {len(jobs)} of {len(prompts)} prompts ({answer_tokens} tokens each at most, "
-            f"{size} at a time; kept in {store})")
-        bar = tqdm(total=len(prompts), initial=len(done), unit="answer", dynamic_ncols=True, disable=not progress,
-                   desc="answers")
-        with store.open("a") as out:
-            for k, result in engine.generate_many([job for _, job in jobs], size):
-                index, job = jobs[k]
-                done[index] = job.prompt + result.tokens
-                out.write(json.dumps({"index": index, "tokens": done[index]}) + "\n")
-                out.flush()
-                bar.update()
-        bar.close()
-    stream = np.array([t for i in sorted(done) for t in done[i]], dtype=np.int32)
-    usable = len(stream) // (seq_len + 1) * (seq_len + 1)
-    return stream[:usable].reshape(-1, seq_len + 1)
-
-
-def report(acceptance: dict[str, list[float]], draft_steps: int) -> str:
-    """Like "31.2% on answers (per draft position: 31% 20%), 25.0% on text" from evaluate's lists by pool."""
-    return ", ".join(f"{a[0]:.1%} on {pool}" + (f" (per draft position: {' '.join(f'{x:.0%}' for x in a)})"
-                                                 if draft_steps > 1 else "") for pool, a in acceptance.items())
-
-
-def output_layer(target) -> nn.Module:
-    """The target's output projection: its lm_head, or its tied (maybe quantized) embedding."""
-    head = getattr(target, "lm_head", None)
-    return head if head is not None else target.model.embed_tokens
-
-
-def target_logits(target, hidden: mx.array) -> mx.array:
-    layer = output_layer(target)
-    return layer(hidden) if isinstance(layer, (nn.Linear, nn.QuantizedLinear)) else layer.as_linear(hidden)
 
 
 def train(model: str, data: list[str] | None, out: str, steps: int = 2000, batch_tokens: int = 512,
@@ -304,71 +178,22 @@ def train(model: str, data: list[str] | None, out: str, steps: int = 2000, batch
     """Train and write the head to `out`; resumes from the checkpoint a killed run with the same `out` left.
     data: text files and folders; prompts: a JSONL file of prompts the target answers first (`answer_rows`), its
     answers then half of every batch. Reports go to stderr, under a progress bar unless `progress` is False."""
-    from tqdm import tqdm
-
-    from .loading import load_target
-
-    out_dir = Path(out).expanduser()
-    checkpoint = out_dir.parent / f".{out_dir.name}{CHECKPOINT}"
-    if out_dir.exists():
-        raise SpecError(f"{out_dir} already exists: choose a new --out or delete it")
-    check_writable(str(out_dir), "--out")
-    for name, value, least in (("--steps", steps, 1), ("--seq-len", seq_len, 2),
-                               ("--batch-tokens", batch_tokens, seq_len),
-                               ("--vocab-top", 1 if vocab_top is None else vocab_top, 0),
-                               ("--eval-every", eval_every, 1), ("--checkpoint-every", checkpoint_every, 1),
-                               ("--draft-steps", draft_steps, 1), ("--reuse", reuse, 1),
-                               ("--answer-tokens", answer_tokens, 1)):
-        if value < least:
-            raise SpecError(f"{name} must be >= {least}, got {value}")
+    check_numbers((("--steps", steps, 1), ("--seq-len", seq_len, 2), ("--batch-tokens", batch_tokens, seq_len),
+                   ("--vocab-top", 1 if vocab_top is None else vocab_top, 0), ("--eval-every", eval_every, 1),
+                   ("--checkpoint-every", checkpoint_every, 1), ("--draft-steps", draft_steps, 1),
+                   ("--reuse", reuse, 1), ("--answer-tokens", answer_tokens, 1)))
     if seq_len <= draft_steps:
         raise SpecError(f"--seq-len must be more than --draft-steps ({draft_steps}), got {seq_len}")
-    if not data and not prompts:
-        raise SpecError("nothing to train on: give --data (text files or folders) and/or --prompts (a JSONL file of "
-                        "prompts the target answers)")
     if not lr > 0:
         raise SpecError(f"--lr must be > 0, got {lr}")
     if not 0 <= layer_lr <= 1:
         raise SpecError(f"--layer-lr must be from 0 (frozen) to 1, got {layer_lr}")
-    files = text_files(data) if data else None
-    prompt_list = read_prompts(prompts) if prompts else None  # a bad file is refused before the target loads
-    loaded = load_target(model)
-    check_trainable(loaded.config, loaded.path)
+    setup = Setup("train-mtp", model, data, prompts, out, seq_len, answer_tokens, progress,
+                  lambda loaded: check_trainable(loaded.config, loaded.path))
     mx.random.seed(seed)
-    say = functools.partial(tqdm.write, file=sys.stderr)
-    rows = sequences(loaded.tokenizer, files, seq_len) if files else None
-    answers = (answer_rows(loaded, prompt_list, answer_tokens, seq_len, checkpoint, progress, say) if prompts
-               else None)
-    for flag, pool, more in (("--data", rows, "more text"), ("--prompts", answers, "more prompts")):
-        if pool is not None and len(pool) < 2:
-            raise SpecError(f"{flag} gives {len(pool)} stretch(es) of {seq_len + 1} tokens: train-mtp needs at "
-                            f"least two ({more}, or a shorter --seq-len)")
-    trainer = Trainer(loaded.model, loaded.config, rows, vocab_top, batch_tokens, lr, seed, draft_steps, reuse,
-                      layer_lr, answers)
-    if trainer.load_checkpoint(checkpoint):
-        say(f"resuming from step {trainer.step} ({checkpoint})")
-    start, per_step = time.perf_counter(), trainer.batch * seq_len
-    deadline = start + 3600 * max_hours if max_hours else None
-    first, acceptance = trainer.step, None
-    stops = f" (stops by {time.strftime('%H:%M', time.localtime(time.time() + 3600 * max_hours))})" if deadline else ""
-    bar = tqdm(total=steps, initial=trainer.step, unit="step", dynamic_ncols=True, mininterval=1, disable=not progress,
-               desc=f"train-mtp{stops}")
-    while trainer.step < steps:
-        loss, acceptance = trainer.train_step(), None
-        rate = (trainer.step - first) * per_step / (time.perf_counter() - start)
-        bar.set_postfix_str(f"loss {loss:.3f}, {rate:.0f} target tokens/s", refresh=False)
-        bar.update()
-        if trainer.step % eval_every == 0 or trainer.step == steps:
-            acceptance = {pool: trainer.evaluate(pool) for pool in trainer.held}
-            say(f"step {trainer.step}/{steps}: loss {loss:.3f}, held-out first-draft acceptance "
-                f"{report(acceptance, draft_steps)}, {rate:.0f} target tokens/s")
-        if trainer.step % checkpoint_every == 0 and trainer.step < steps:
-            trainer.save_checkpoint(checkpoint)
-        if deadline and time.perf_counter() > deadline:
-            say(f"--max-hours reached at step {trainer.step}: writing the head trained so far")
-            break
-    bar.close()
-    acceptance = acceptance or {pool: trainer.evaluate(pool) for pool in trainer.held}
+    trainer = Trainer(setup.loaded.model, setup.loaded.config, setup.rows, vocab_top, batch_tokens, lr, seed,
+                      draft_steps, reuse, layer_lr, setup.answers)
+    acceptance = fit(trainer, setup, "train-mtp", steps, eval_every, checkpoint_every, max_hours, progress)
     headline = acceptance[next(iter(trainer.held))]
     record = {"steps": trainer.step, "seq_len": seq_len, "batch_tokens": trainer.batch * seq_len, "lr": lr,
               "draft_steps": draft_steps, "reuse": reuse, "layer_lr": layer_lr,
@@ -376,8 +201,9 @@ def train(model: str, data: list[str] | None, out: str, steps: int = 2000, batch
               "data_tokens": trainer.run["data_tokens"]}
     from .convert import staging
 
-    with staging(out_dir, "writing the MTP head") as work:
-        save_head(trainer.head, head_config(loaded.config, int(trainer.head.ids.shape[0]), record), work / "head")
-        (work / "head").rename(out_dir)
-    shutil.rmtree(checkpoint, ignore_errors=True)
-    return out_dir
+    with staging(setup.out, "writing the MTP head") as work:
+        save_head(trainer.head, head_config(setup.loaded.config, int(trainer.head.ids.shape[0]), record),
+                  work / "head")
+        (work / "head").rename(setup.out)
+    shutil.rmtree(setup.checkpoint, ignore_errors=True)
+    return setup.out

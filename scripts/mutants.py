@@ -1,6 +1,7 @@
 """Prove the suite catches what it claims to: apply small deliberate bugs to the core (verification, sampling,
-rollback, drafts, the drafting helpers, n-gram and suffix lookup, ragged batches, block drafters), one at a time, each in a
-fresh copy of the working tree, and run the tests that should catch it. Every mutant must make them fail.
+rollback, drafts, the drafting helpers, n-gram and suffix lookup, ragged batches, block drafters and their
+training), one at a time, each in a fresh copy of the working tree, and run the tests that should catch it. Every
+mutant must make them fail.
 
     python scripts/mutants.py              # all of them (about 2 minutes on 2 cores)
     python scripts/mutants.py --only 3,7   # some; --list shows them
@@ -101,6 +102,16 @@ MUTANTS = [
     Mutant("suffix drafts skip the token after each match", "mlx_spec/drafters/suffix.py",
            "index.sequences[sid][end:end + depth]", "index.sequences[sid][end + 1:end + 1 + depth]",
            ("tests/test_suffix.py::test_matches_and_their_continuations_equal_a_brute_force_scan",)),
+    Mutant("training's blocks also see the context at their anchor", "mlx_spec/models/dflash.py",
+           "mx.arange(length) < anchors[:, :, None, None]", "mx.arange(length) <= anchors[:, :, None, None]",
+           ("tests/test_train_block.py::test_every_block_at_once_is_drafting_at_each_anchor",)),
+    Mutant("training's blocks are rotated from position 0", "mlx_spec/models/dflash.py",
+           "rotated = rope(blocks, offset=anchors.reshape(-1))", "rotated = rope(blocks)",
+           ("tests/test_train_block.py::test_every_block_at_once_is_drafting_at_each_anchor",)),
+    Mutant("draft j learns the target's distribution one position late", "mlx_spec/train_block.py",
+           "at = (anchors[..., None] + mx.arange(self.k)).reshape(b, -1)",
+           "at = (anchors[..., None] + mx.arange(1, self.k + 1)).reshape(b, -1)",
+           ("tests/test_train_block.py::test_a_trained_block_drafter_drafts_exactly_and_well",)),
 ]
 
 

@@ -173,6 +173,27 @@ class BlockAttention(nn.Module):
         keys = rope(self.k_norm(self.split(self.k_proj(context), self.kv_heads)), offset=start)
         cache.update_and_fetch(keys, self.split(self.v_proj(context), self.kv_heads))
 
+    def every_block(self, x: mx.array, context: mx.array, rope, anchors: mx.array, mask: mx.array) -> mx.array:
+        """Training's attention: x (B, m n, H) holds m blocks of n positions, block j at positions anchors[:, j]
+        .. + n - 1; `context` (B, L, H) the context features at positions 0 .. L - 1; mask (B, 1, m n, L + m n)
+        what each query sees (`BlockDrafterModel.every_block`)."""
+        b, total, _ = x.shape
+        m, n = anchors.shape[1], total // anchors.shape[1]
+
+        def at_anchors(projected: mx.array, heads: int) -> mx.array:  # each block rotated from its anchor
+            blocks = projected.reshape(b * m, n, heads, -1).transpose(0, 2, 1, 3)
+            rotated = rope(blocks, offset=anchors.reshape(-1))
+            return rotated.reshape(b, m, heads, n, -1).transpose(0, 2, 1, 3, 4).reshape(b, heads, total, -1)
+
+        queries = at_anchors(self.q_norm(self.q_proj(x).reshape(b, total, self.heads, -1)), self.heads)
+        keys = mx.concatenate([rope(self.k_norm(self.split(self.k_proj(context), self.kv_heads))),
+                               at_anchors(self.k_norm(self.k_proj(x).reshape(b, total, self.kv_heads, -1)),
+                                          self.kv_heads)], axis=2)
+        values = mx.concatenate([self.split(self.v_proj(context), self.kv_heads), self.split(self.v_proj(x),
+                                                                                           self.kv_heads)], axis=2)
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, total, -1))
+
     def __call__(self, x: mx.array, rope, cache, at: int) -> mx.array:
         """x (B, n, H): the block, from position `at`, after the context in `cache` (its K/V join the cache: the
         model takes them out again)."""
@@ -242,9 +263,11 @@ class BlockLayer(nn.Module):
         if c["conv"]:
             self.attention_conv, self.mlp_conv = (DynamicConv(c["hidden_size"], *c["conv"]) for _ in range(2))
 
-    def __call__(self, x, rope, cache, at: int):
+    def __call__(self, x, rope, cache, at: int, training: tuple | None = None):
+        """training: (context, anchors, mask) for `BlockAttention.every_block` instead of the cache."""
         if "attention_conv" not in self:
-            h = x + self.self_attn(self.input_layernorm(x), rope, cache, at)
+            h = x + (self.self_attn.every_block(self.input_layernorm(x), *training[:1], rope, *training[1:])
+                     if training else self.self_attn(self.input_layernorm(x), rope, cache, at))
             return h + self.mlp(self.post_attention_layernorm(h))
         mixed, kernel = self.attention_conv.prepare(self.input_layernorm(x))
         h = x + self.attention_conv.finish(self.self_attn(mixed, rope, cache, at), kernel)
@@ -348,6 +371,20 @@ class BlockDrafterModel(nn.Module):
             block = layer(block, self.rope, layer_cache, at)
         rollback(cache, block.shape[1], block.shape[1])  # the cache holds context only
         return self.norm(block)
+
+    def every_block(self, features: mx.array, blocks: mx.array, anchors: mx.array) -> mx.array:
+        """Training's forward: the final hidden states (B, m, n, H) of m blocks at once (`blocks` (B, m, n, H),
+        embedded), block j at positions anchors[:, j] .. + n - 1 after the context `features`[:, :anchors[:, j]]
+        (B, L, F): what `extend` then `__call__` give at each anchor, for drafters of full-attention layers."""
+        b, m, n, h = blocks.shape
+        context, length = self.hidden_norm(self.fc(features)), features.shape[1]
+        sees_context = mx.broadcast_to(mx.arange(length) < anchors[:, :, None, None], (b, m, n, length))
+        same_block = mx.broadcast_to(mx.repeat(mx.repeat(mx.eye(m, dtype=mx.bool_), n, 0), n, 1), (b, m * n, m * n))
+        mask = mx.concatenate([sees_context.reshape(b, m * n, length), same_block], axis=-1)[:, None]
+        x = blocks.reshape(b, m * n, h)
+        for layer in self.layers:
+            x = layer(x, self.rope, None, 0, (context, anchors, mask))
+        return self.norm(x).reshape(b, m, n, h)
 
 
 def quantize(model: BlockDrafterModel, group_size: int, bits: int) -> None:
