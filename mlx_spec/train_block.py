@@ -13,6 +13,9 @@ acceptance probability sum_v min(q_v, p_v) (binary cross-entropy, the backbone's
 The drafter starts from the target: its decoder layers from copies of the target's last ones (what fits: a
 Llama's layer fills all but the q/k norms), its final norm from the target's, its context map `fc` as the mean
 of the layers read; the target's embedding and head (its rows of the `vocab_top` most used tokens) stay frozen.
+`fc` trains on each feature divided by its RMS over the held-out rows (hidden states carry massive activations,
+10^4 in a few features of SmolLM2's middle layers, on which every Adam step would jump) and is written with that
+scale folded back in, so the published layout holds the same function.
 Written in the publishers' layouts: z-lab's DFlash / DeepSpec's DSpark over the whole vocabulary (mlx-vlm, z-lab
 and dflash-mlx read it), vllm-project/speculators' with a reduced vocabulary (`draft_vocab_size`, `d2t`, `t2d`).
 """

@@ -54,10 +54,11 @@ def main() -> int:
     commit = git("rev-parse", "--short", "HEAD")
     changed = bool(git("status", "--porcelain", "--untracked-files=no", "--", *CODE))  # what the figures measure
     with Neighbours() as neighbours:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            lines.append(line.rstrip("\n"))
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for raw in proc.stdout:  # a line a progress counter rewrote with carriage returns: what it ended as
+            line = raw.decode(errors="replace").rstrip("\n").split("\r")[-1]
+            print(line, flush=True)
+            lines.append(line)
         proc.wait()
     if proc.returncode:
         print(f"record.py: the command exited with {proc.returncode}; nothing recorded", file=sys.stderr)

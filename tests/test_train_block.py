@@ -14,7 +14,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, default_ctrl_c, plain_greedy, run_cli
+from helpers import assert_one_line_error, converted_q8, default_ctrl_c, plain_greedy, run_cli
 from safetensors.numpy import load_file
 from test_block import assert_rounds_match_the_reference
 from test_sampling import assert_follows, exact_sequences
@@ -163,6 +163,21 @@ def test_train_drafter_resumes_after_a_kill_with_the_same_weights(tiny, tmp_path
     assert proc.returncode == 0, proc.stderr
     ids = mlx_spec.load(str(tiny["qwen3"]), drafter="off").encode(HEAD_TEXTS[0])
     assert json.loads(proc.stdout)["tokens"] == plain_greedy(tiny["qwen3"], ids, 20)
+
+
+def test_a_quantized_target_trains_as_it_runs(tiny, tmp_path, prompts):
+    """The 8-bit target stays quantized and frozen; the drafter trains in float and drafts for it exactly."""
+    q8 = tmp_path / "q8"
+    converted_q8(tiny["qwen3"], q8)
+    command = train_command(tiny, prompts, tmp_path / "drafter", "--steps", "3")
+    command[command.index(str(tiny["qwen3"]))] = str(q8)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    engine = mlx_spec.load(str(q8), draft_model=str(tmp_path / "drafter"), draft_len=3)
+    assert type(engine.target.model.layers[0].self_attn.q_proj).__name__ == "QuantizedLinear"
+    assert type(engine.drafter.model.fc).__name__ == "Linear" and engine.status().drafter == "dspark"
+    ids = engine.encode(HEAD_TEXTS[0])
+    assert engine.generate(ids, max_tokens=30).tokens == plain_greedy(q8, ids, 30)
 
 
 def test_train_drafter_refusals(tiny, tmp_path, prompts):
