@@ -45,6 +45,8 @@ def main() -> int:
     for line in proc.stdout.splitlines():
         if line.startswith(("FAILED", "ERROR")):
             print(line)
+    if proc.returncode:  # what failed, in pytest's words (the run is gone with its clone)
+        print("\n".join([line for line in proc.stdout.splitlines() if line.startswith("E ")][:60]))
     print(f"{seconds:.0f} s ({seconds / 60:.1f} min): {summary}; `python -m pytest -q` on a clean clone of {commit}, "
           f"{datetime.now(timezone.utc):%Y-%m-%d}, {os.cpu_count()} cores, {args.busy} busy loops, load average "
           f"{load:.2f} before the start")
