@@ -11,6 +11,7 @@ import sys
 import time
 
 import httpx
+import numpy as np
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
@@ -212,3 +213,21 @@ def start_server(tiny, *extra, drafter: tuple[str, ...] | None = None) -> tuple[
         time.sleep(0.2)
     proc.kill()
     raise AssertionError("the server did not start")
+
+
+def kill_at_checkpoint(command: list[str], marker) -> None:
+    """Run a training `command` until its checkpoint `marker` file appears (or it ends), then SIGKILL it."""
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
+    for _ in range(3000):
+        if marker.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def assert_same_weights(folder_a, folder_b) -> None:
+    """Two written drafters hold the same tensors, bit for bit."""
+    b = load_file(str(folder_b / "model.safetensors"))
+    for name, value in load_file(str(folder_a / "model.safetensors")).items():
+        np.testing.assert_array_equal(value, b[name], err_msg=name)

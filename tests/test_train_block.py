@@ -5,17 +5,15 @@ refusals."""
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import assert_one_line_error, converted_q8, default_ctrl_c, plain_greedy, run_cli
-from safetensors.numpy import load_file
+from helpers import (assert_one_line_error, assert_same_weights, converted_q8, kill_at_checkpoint, plain_greedy,
+                     run_cli)
 from test_block import assert_rounds_match_the_reference
 from test_sampling import assert_follows, exact_sequences
 from tiny import HEAD_TEXTS
@@ -141,22 +139,14 @@ def test_train_drafter_resumes_after_a_kill_with_the_same_weights(tiny, tmp_path
 
     out = tmp_path / "killed"
     checkpoint = tmp_path / ".killed.train-drafter-checkpoint"
-    proc = subprocess.Popen(train_command(tiny, prompts, out, "--steps", "10"), stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_ctrl_c)
-    for _ in range(3000):
-        if (checkpoint / "step.json").exists() or proc.poll() is not None:
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_at_checkpoint(train_command(tiny, prompts, out, "--steps", "10"), checkpoint / "step.json")
     stored = np.load(checkpoint / "features" / "features-done.npy")
     assert (checkpoint / "step.json").exists() and not out.exists() and 0 < stored.sum()
     resumed = subprocess.run(train_command(tiny, prompts, out, "--steps", "10"), capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from step 3" in resumed.stderr and not checkpoint.exists()
-    for name, value in load_file(str(tmp_path / "unbroken" / "model.safetensors")).items():
-        np.testing.assert_array_equal(value, load_file(str(out / "model.safetensors"))[name], err_msg=name)
+    assert_same_weights(tmp_path / "unbroken", out)
 
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(out), "--prompt", HEAD_TEXTS[0],
                    "--raw", "--max-tokens", "20", "--num-draft", "3", "--json")

@@ -2,17 +2,15 @@
 kill, refusals."""
 
 import json
-import signal
 import subprocess
 import sys
-import time
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from helpers import assert_one_line_error, converted_q8, default_ctrl_c, plain_greedy, run_cli
-from safetensors.numpy import load_file
+from helpers import (assert_one_line_error, assert_same_weights, converted_q8, kill_at_checkpoint, plain_greedy,
+                     run_cli)
 from tiny import HEAD_TEXTS, corpus_text
 from tiny_heads import greedy_continuations
 
@@ -135,21 +133,13 @@ def test_train_mtp_on_text_and_resume_after_a_kill(tiny, tmp_path, corpus):
 
     out = tmp_path / "killed"
     checkpoint = tmp_path / ".killed.train-mtp-checkpoint" / "step.json"
-    proc = subprocess.Popen(train_command(tiny, corpus, out, "--steps", "15"), stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_ctrl_c)
-    for _ in range(3000):
-        if checkpoint.exists() or proc.poll() is not None:
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_at_checkpoint(train_command(tiny, corpus, out, "--steps", "15"), checkpoint)
     assert checkpoint.exists() and not out.exists()
     resumed = subprocess.run(train_command(tiny, corpus, out, "--steps", "15"), capture_output=True, text=True,
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from step" in resumed.stderr and not checkpoint.parent.exists()
-    for name, value in load_file(str(tmp_path / "unbroken" / "model.safetensors")).items():
-        np.testing.assert_array_equal(value, load_file(str(out / "model.safetensors"))[name], err_msg=name)
+    assert_same_weights(tmp_path / "unbroken", out)
 
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--mtp-path", str(out), "--prompt", HEAD_TEXTS[0],
                    "--raw", "--max-tokens", "20", "--num-draft", "2", "--json")
