@@ -22,6 +22,7 @@ and dflash-mlx read it), vllm-project/speculators' with a reduced vocabulary (`d
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -94,11 +95,17 @@ class FeatureStore:
     computed once and kept in float16 in `folder`/features.npy; `done` marks the rows written (a kill loses at most
     the row being written)."""
 
-    def __init__(self, folder: Path, rows: int, length: int, width: int):
+    def __init__(self, folder: Path, rows: int, length: int, width: int, key: str):
+        """key: what the features follow from (the target, the layers read, the rows); stored features of another
+        key are computed afresh."""
         folder.mkdir(parents=True, exist_ok=True)
-        data, done = folder / "features.npy", folder / "features-done.npy"
+        data, done, stamp = folder / "features.npy", folder / "features-done.npy", folder / "features-key.txt"
         shape = (rows, length, width)
-        fresh = not data.exists() or np.load(data, mmap_mode="r").shape != shape
+        fresh = (not data.exists() or np.load(data, mmap_mode="r").shape != shape or not stamp.exists()
+                 or stamp.read_text() != key)
+        if fresh:
+            done.unlink(missing_ok=True)
+            stamp.write_text(key)
         self.data = np.lib.format.open_memmap(data, mode="w+" if fresh else "r+", dtype=np.float16, shape=shape)
         self.done_file = done
         self.done = np.zeros(rows, dtype=bool) if fresh or not done.exists() else np.load(done)
@@ -141,7 +148,10 @@ class BlockTrainer:
         self.batch, self.anchors, self.seed, self.step = max(1, batch_tokens // length), anchors, seed, 0
         self.offsets = np.cumsum([0] + [len(p) for p in self.train_pools])
         width = self.model.fc.weight.shape[1] + self.c["hidden_size"]
-        self.store = FeatureStore(store, int(self.offsets[-1]), length, width)
+        key = hashlib.sha256(json.dumps([target_config, self.c["target_layer_ids"]], sort_keys=True).encode())
+        for pool in self.train_pools:
+            key.update(pool.tobytes())
+        self.store = FeatureStore(store, int(self.offsets[-1]), length, width, key.hexdigest())
         self.computed, self.trained, self.scale = 0, 0, 1.0
         self.held_features = {pool: self.split(np.concatenate([self.compute(rows[i:i + 1])
                                                                for i in range(min(EVAL_ROWS, len(rows)))]))

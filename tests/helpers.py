@@ -231,3 +231,16 @@ def assert_same_weights(folder_a, folder_b) -> None:
     b = load_file(str(folder_b / "model.safetensors"))
     for name, value in load_file(str(folder_a / "model.safetensors")).items():
         np.testing.assert_array_equal(value, b[name], err_msg=name)
+
+
+def assert_cli_decodes_greedily(target, *flags, max_tokens: int = 20) -> None:
+    """`mlx-spec generate` with the drafter `flags` gives the target's plain greedy continuation of a head text."""
+    from tiny import HEAD_TEXTS
+
+    import mlx_spec
+
+    proc = run_cli("generate", "--model", str(target), *flags, "--prompt", HEAD_TEXTS[0], "--raw", "--max-tokens",
+                   str(max_tokens), "--json")
+    assert proc.returncode == 0, proc.stderr
+    ids = mlx_spec.load(str(target), drafter="off").encode(HEAD_TEXTS[0])
+    assert json.loads(proc.stdout)["tokens"] == plain_greedy(target, ids, max_tokens)

@@ -12,8 +12,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import (assert_one_line_error, assert_same_weights, converted_q8, kill_at_checkpoint, plain_greedy,
-                     run_cli)
+from helpers import (assert_cli_decodes_greedily, assert_one_line_error, assert_same_weights, converted_q8,
+                     kill_at_checkpoint, plain_greedy, run_cli)
 from test_block import assert_rounds_match_the_reference
 from test_sampling import assert_follows, exact_sequences
 from tiny import HEAD_TEXTS
@@ -148,11 +148,7 @@ def test_train_drafter_resumes_after_a_kill_with_the_same_weights(tiny, tmp_path
     assert "resuming from step 3" in resumed.stderr and not checkpoint.exists()
     assert_same_weights(tmp_path / "unbroken", out)
 
-    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(out), "--prompt", HEAD_TEXTS[0],
-                   "--raw", "--max-tokens", "20", "--num-draft", "3", "--json")
-    assert proc.returncode == 0, proc.stderr
-    ids = mlx_spec.load(str(tiny["qwen3"]), drafter="off").encode(HEAD_TEXTS[0])
-    assert json.loads(proc.stdout)["tokens"] == plain_greedy(tiny["qwen3"], ids, 20)
+    assert_cli_decodes_greedily(tiny["qwen3"], "--draft-model", str(out), "--num-draft", "3")
 
 
 def test_a_quantized_target_trains_as_it_runs(tiny, tmp_path, prompts):
@@ -187,3 +183,20 @@ def test_train_drafter_refusals(tiny, tmp_path, prompts):
     assert_one_line_error(run_cli(*nothing), "nothing to train on")
     assert not any(p.name.startswith(".") for p in Path(tmp_path).iterdir())
     shutil.rmtree(exists)
+
+
+def test_stored_features_serve_only_the_run_they_were_computed_for(tmp_path):
+    """Features of other rows (or another target) in the same folder are computed afresh, not reused."""
+    from mlx_spec.train_block import FeatureStore
+
+    computed = []
+
+    def compute(missing):
+        computed.append(list(missing))
+        return np.full((len(missing), 4, 3), len(computed), dtype=np.float16)
+
+    FeatureStore(tmp_path, 5, 4, 3, "one").rows([0, 2], compute)
+    np.testing.assert_array_equal(FeatureStore(tmp_path, 5, 4, 3, "one").rows([2, 0], compute), 1)
+    assert computed == [[0, 2]]  # the same run resumed: read back
+    np.testing.assert_array_equal(FeatureStore(tmp_path, 5, 4, 3, "two").rows([0], compute), 2)
+    assert computed == [[0, 2], [0]]

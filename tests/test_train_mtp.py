@@ -9,8 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from helpers import (assert_one_line_error, assert_same_weights, converted_q8, kill_at_checkpoint, plain_greedy,
-                     run_cli)
+from helpers import (assert_cli_decodes_greedily, assert_one_line_error, assert_same_weights, converted_q8,
+                     kill_at_checkpoint, plain_greedy, run_cli)
 from tiny import HEAD_TEXTS, corpus_text
 from tiny_heads import greedy_continuations
 
@@ -141,11 +141,7 @@ def test_train_mtp_on_text_and_resume_after_a_kill(tiny, tmp_path, corpus):
     assert "resuming from step" in resumed.stderr and not checkpoint.parent.exists()
     assert_same_weights(tmp_path / "unbroken", out)
 
-    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--mtp-path", str(out), "--prompt", HEAD_TEXTS[0],
-                   "--raw", "--max-tokens", "20", "--num-draft", "2", "--json")
-    assert proc.returncode == 0, proc.stderr
-    ids = mlx_spec.load(str(tiny["qwen3"]), drafter="off").encode(HEAD_TEXTS[0])
-    assert json.loads(proc.stdout)["tokens"] == plain_greedy(tiny["qwen3"], ids, 20)
+    assert_cli_decodes_greedily(tiny["qwen3"], "--mtp-path", str(out), "--num-draft", "2")
 
 
 def test_train_mtp_on_text_and_answers(tiny, tmp_path, corpus):
