@@ -190,7 +190,7 @@ def run_bench(plain: Engine, drafters: list[str], categories: dict, max_tokens: 
     costs = {name: engine.profile(render_prompt(plain.tokenizer, first_prompt),
                                   [draft_len] if draft_len else list(range(1, engine.max_draft_len + 1)))
              for name, engine in engines.items() if name != "plain"}
-    runs, plain_spreads = [], []
+    runs, plain_spreads, differing = [], [], set()
     with Neighbours() as neighbours:
         for category, (temperature, prompts) in categories.items():
             params = SamplingParams(temperature=temperature)
@@ -198,7 +198,12 @@ def run_bench(plain: Engine, drafters: list[str], categories: dict, max_tokens: 
                 ids = render_prompt(plain.tokenizer, prompt)
                 for rep in range(reps):
                     for name, engine in engines.items():  # interleaved: drift hits every contender alike
-                        stats = engine.generate(ids, params, max_tokens, seed=rep).stats
+                        result = engine.generate(ids, params, max_tokens, seed=rep)
+                        stats = result.stats
+                        if name == "plain":
+                            plain_tokens = result.tokens
+                        elif temperature == 0 and result.tokens != plain_tokens:
+                            differing.add(name)
                         per_round = (lambda n: n / stats.rounds if stats.rounds else 0.0)
                         runs.append(Run(category, name, stats.decode_tps, stats.acceptance_rate,
                                         stats.mean_acceptance_length, per_round(stats.drafted),
@@ -208,6 +213,8 @@ def run_bench(plain: Engine, drafters: list[str], categories: dict, max_tokens: 
                 if reps > 1:
                     plain_spreads.append(spread([r.tps for r in runs[-reps * len(engines)::len(engines)]]))
     report = summarise(runs, list(engines), costs)
+    greedy = sum(reps * len(prompts) for temperature, prompts in categories.values() if temperature == 0)
+    report["greedy_identical"] = {"outputs": greedy, "differing": sorted(differing)}
     reliable, note = neighbours.verdict(statistics.median(plain_spreads) if plain_spreads else None)
     report["machine"] = {"reliable": reliable, "note": note, "other_processes_cpu_share": neighbours.share}
     return report
@@ -277,6 +284,11 @@ def table(report: dict) -> str:
         verify = ", ".join(f"{k}: {v:.2f}" for k, v in c["verify_cost_v"].items() if k)
         lines.append(f"round costs, {name}: plain step {c['plain_step_ms']:.1f} ms; draft cost c per token by k "
                      f"{{{draft}}}; verify cost v(k) {{{verify}}}")
+    if report.get("greedy_identical", {}).get("outputs"):
+        checked = report["greedy_identical"]
+        lines.append(f"greedy outputs DIFFER from plain decoding: {', '.join(checked['differing'])}"
+                     if checked["differing"] else
+                     f"greedy outputs identical to plain decoding: all {checked['outputs']} of every drafter")
     if "machine" in report:
         lines.append(report["machine"]["note"])
     return "\n".join(lines)

@@ -8,7 +8,7 @@ from helpers import PROMPT, plain_greedy
 from test_cli import assert_one_line_error, run_cli
 
 import mlx_spec
-from mlx_spec.bench import Run, summarise
+from mlx_spec.bench import SUITES, Run, summarise
 from mlx_spec.engine import RoundCosts
 
 
@@ -31,6 +31,9 @@ def test_bench_runs_and_reports(tiny, tmp_path):
     assert report["round_costs"]["mtp"]["plain_step_ms"] > 0
     assert "overall" in proc.stdout and "verdict" in proc.stdout and "bound" in proc.stdout
     assert "round costs, mtp: plain step" in proc.stdout
+    greedy = sum(len(prompts) for temperature, prompts in SUITES["quick"].values() if temperature == 0)
+    assert greedy and report["greedy_identical"] == {"outputs": greedy, "differing": []}  # --reps 1
+    assert f"greedy outputs identical to plain decoding: all {greedy} of every drafter" in proc.stdout
     svg = ET.parse(plot).getroot()
     assert len([e for e in svg.iter() if e.tag.endswith("rect")]) >= 8 * 3
 
