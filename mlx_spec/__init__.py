@@ -20,12 +20,12 @@ from . import linux_blas
 linux_blas.use_openblas()
 
 __all__ = ["load", "generate", "stream", "render_prompt", "batch", "Engine", "EngineStatus", "SamplingParams",
-           "SpecError", "Result", "Token", "Text", "Round", "Done"]
+           "SpecError", "Result", "Token", "Text", "Round", "Done", "Grammar"]
 __version__ = "0.1.0"
 
 _HOMES = {"load": "loading", "render_prompt": "prompts", "Engine": "engine", "EngineStatus": "engine",
           "Result": "events", "Token": "events", "Text": "events", "Round": "events", "Done": "events",
-          "SamplingParams": "sampling", "SpecError": "errors"}
+          "SamplingParams": "sampling", "SpecError": "errors", "Grammar": "grammar"}
 
 
 def __getattr__(name: str):
@@ -45,7 +45,8 @@ def _split(kwargs: dict):
 
 
 def generate(engine, prompt: str | list[int], **kwargs):
-    """Generate a whole completion -> Result. kwargs: SamplingParams fields, max_tokens, stop, seed."""
+    """Generate a whole completion -> Result. kwargs: SamplingParams fields, max_tokens, stop, seed, tools (what a
+    chat may call), grammar (a `Grammar` the output must match)."""
     params, rest = _split(dict(kwargs))
     return engine.generate(prompt, params, **rest)
 

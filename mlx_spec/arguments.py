@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and statistics")
+    shape = gen.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="the output must be JSON matching the schema in FILE "
+                                                            "(verified exactly under speculation)")
+    shape.add_argument("--regex", help="the output must match this regular expression")
+    shape.add_argument("--lark", metavar="FILE", help="the output must match the Lark grammar in FILE")
 
     cha = commands.add_parser("chat", help="a terminal chat that shows speculation working")
     cha.set_defaults(model_flags=add_model_args(cha))

@@ -145,7 +145,8 @@ def generate(args) -> int:
                         "it as --prompt TEXT") from None
     engine = load_engine(args)
     ids = render_prompt(engine.tokenizer, prompt, raw=args.raw)
-    for event in engine.stream(ids, params, args.max_tokens, args.stop, args.seed):
+    grammar = output_grammar(args, engine.tokenizer)
+    for event in engine.stream(ids, params, args.max_tokens, args.stop, args.seed, grammar=grammar):
         if isinstance(event, (Token, Text)) and not args.json:
             print(event.text, end="", flush=True)
         elif isinstance(event, Done):
@@ -156,6 +157,30 @@ def generate(args) -> int:
                 print()
                 print(f"[{event.stop_reason}] {event.stats.summary()}", file=sys.stderr)
     return 0
+
+
+def output_grammar(args, tokenizer):
+    """The grammar --json-schema, --regex or --lark asks for (None: none)."""
+    from .grammar import Grammar
+
+    if args.regex is not None:
+        return Grammar(tokenizer, "regex", args.regex)
+    for flag, path in (("--json-schema", args.json_schema), ("--lark", args.lark)):
+        if path is None:
+            continue
+        try:
+            text = Path(path).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecError(f"{flag} {path}: cannot read it ({getattr(e, 'strerror', None) or e}): give a readable "
+                            "UTF-8 file") from None
+        if flag == "--lark":
+            return Grammar(tokenizer, "lark", text)
+        try:
+            return Grammar(tokenizer, "json_schema", json.loads(text))
+        except json.JSONDecodeError as e:
+            raise SpecError(f"--json-schema {path} is not JSON ({e.msg}, line {e.lineno}): give a JSON schema "
+                            "file") from None
+    return None
 
 
 def convert(args) -> int:

@@ -28,7 +28,10 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
 - for nextn MTP layers (models/nextn.py): a DeepSeek-V3 / GLM-4.5 `Model.sanitize` that reads only `self.args`
   and converts the Hugging Face tensors of every layer below `num_hidden_layers` (the nextn block goes through it
   as layer 0), and DeepSeek-V3's, which drops the nextn layer only at index 61 (`drop_nextn_layers` drops it at
-  any depth).
+  any depth);
+- for tool calls: the tokenizer wrapper's `has_tool_calling`, `tool_call_start`, `tool_call_end` and `tool_parser`
+  (`parse(text, tools)` -> {"name", "arguments"} or a list of them), which mlx-lm infers per model family from
+  the chat template (`tool_call_format`).
 `check()` runs each of these on tiny layers the first time a model is wrapped, and fails with a message naming
 the installed mlx-lm version and the tested range, so an mlx-lm release that changes them breaks loudly. The
 checks that run mlx-lm through mlx-spec's own caches live beside those caches (`caches.check_trees`,
@@ -180,6 +183,27 @@ def output_head(model):
         raise broken(f"where {type(model).__module__} keeps its output head (lm_head or a tied embedding)") from None
 
 
+def tool_call_format(tokenizer):
+    """(start marker, end marker, parse) of the model family's tool calls, or None when its chat template has no
+    tool calling."""
+    if not hasattr(tokenizer, "has_tool_calling"):
+        raise broken("the tokenizer wrapper's tool calling (no has_tool_calling)")
+    if not tokenizer.has_tool_calling:
+        return None
+    return tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
+
+
+def check_tool_parsers() -> None:
+    from mlx_lm.tool_parsers import json_tools
+
+    try:
+        parsed = json_tools.parse_tool_call('\n{"name": "f", "arguments": {"a": 1}}\n', None)
+    except Exception as e:
+        parsed = f"{type(e).__name__}: {e}"
+    if parsed != {"name": "f", "arguments": {"a": 1}} or json_tools.tool_call_start != "<tool_call>":
+        raise broken(f"the tool-call parsers (json_tools gives {parsed!r})")
+
+
 def plain_kv_caches(n: int) -> list:
     return [KVCache() for _ in range(n)]
 
@@ -270,6 +294,7 @@ def check() -> None:
     if not hasattr(qwen3_next.Qwen3NextGatedDeltaNet, "fix_query_key_value_ordering"):
         raise broken("Qwen3-Next's GatedDeltaNet (no fix_query_key_value_ordering)")
     check_decoder_layers()
+    check_tool_parsers()
     try:
         rope(8, 1e4, False, None, 64)(mx.ones((1, 1, 2, 8)), offset=3)
     except Exception as e:

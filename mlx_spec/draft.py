@@ -68,6 +68,11 @@ class Draft:
             sees[i + 1] |= sees[parent + 1]
         return sees
 
+    def prefixes(self) -> list[list[int]]:
+        """The tokens each verified row of a tree comes after: [] for the root, then each node's path."""
+        tokens = self.tokens.tolist()
+        return [[]] + [[tokens[a] for a in self.ancestors(node)] for node in range(len(tokens))]
+
     def ancestors(self, node: int) -> list[int]:
         """The nodes from depth 1 down to `node` (inclusive)."""
         path = []

@@ -19,6 +19,7 @@ from .draft import Draft
 from .drafters import Drafter, shape
 from .errors import SpecError
 from .events import Done, Result, Round, Text, Token, collect, emit
+from .grammar import Grammar
 from .policy import AdaptiveDraftLength, FixedDraftLength
 from .prompts import prompt_text, render_prompt
 from .sampling import SamplingParams
@@ -103,6 +104,7 @@ class Engine:
         self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
         self.conversation: tuple[str, list[int]] = ("", [])  # the last chat answered, as text and as tokens
         self.stop_requested = False
+        self.grammar: Grammar | None = None  # the running generation's constraint
         self.pin(draft_len)
         self.policy = self.next_policy
         self.lockstep = None  # distributed.Lockstep: this engine's target is sharded across ranks kept in step
@@ -154,35 +156,42 @@ class Engine:
         """Token ids: a text as it is (no chat template), ids unchanged, a chat through the chat template."""
         return self.encode_chat(prompt)[0]
 
-    def encode_chat(self, prompt: str | list[int] | list[dict]) -> tuple[list[int], str | None]:
-        """(token ids, the rendered chat or None). A chat that extends the last one this engine answered keeps
-        that one's tokens exactly as they were prefilled and generated (text re-encoded may split differently),
-        so the cache serves all of them."""
+    def encode_chat(self, prompt: str | list[int] | list[dict],
+                    tools: list[dict] | None = None) -> tuple[list[int], str | None]:
+        """(token ids, the rendered chat or None); a chat is rendered with the `tools` it may call. A chat that
+        extends the last one this engine answered keeps that one's tokens exactly as they were prefilled and
+        generated (text re-encoded may split differently), so the cache serves all of them."""
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             if not prompt:
                 raise SpecError("the prompt is empty: give some text to continue")
             return list(prompt), None
         if isinstance(prompt, list):
-            rendered, templated = prompt_text(self.tokenizer, prompt)
+            rendered, templated = prompt_text(self.tokenizer, prompt, tools=tools)
             said, ids = self.conversation
             if templated and ids and rendered.startswith(said):
                 return ids + self.tokenizer.encode(rendered[len(said):], add_special_tokens=False), rendered
-            return render_prompt(self.tokenizer, prompt), rendered if templated else None
-        return render_prompt(self.tokenizer, prompt, raw=True), None
+            return render_prompt(self.tokenizer, prompt, tools=tools), rendered if templated else None
+        return render_prompt(self.tokenizer, prompt, raw=True, tools=tools), None
 
     def stream(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                max_tokens: int = 256, stop: list[str] = (), seed: int = 0,
-               should_stop: Callable[[], bool] = lambda: False) -> Iterator[Token | Text | Round | Done]:
+               should_stop: Callable[[], bool] = lambda: False, tools: list[dict] | None = None,
+               grammar: Grammar | None = None) -> Iterator[Token | Text | Round | Done]:
         """The generation's events, ending with Done. `should_stop()` is asked between prefill chunks and after
-        each round: true ends it there ("stopped"), as `stop` does."""
+        each round: true ends it there ("stopped"), as `stop` does. `tools`: what a chat may call (the chat
+        template shows them to the model); `grammar`: what the output must match (grammar.py), verified
+        exactly under speculation."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise SpecError(f"max_tokens must be >= 1 (a whole number), got {max_tokens!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise SpecError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
         if not all(isinstance(text, str) and text for text in stop):
             raise SpecError(f"stop strings must be non-empty text, got {list(stop)!r}")
-        context, chat = self.encode_chat(prompt)
+        context, chat = self.encode_chat(prompt, tools)
         self.check_fits(len(context), max_tokens)
+        if grammar is not None and self.lockstep:
+            raise SpecError("constrained output across distributed ranks is not supported yet: serve it from one "
+                            "process")
         if self.lockstep:  # the other ranks run this generation too
             self.lockstep.begin(self, context, params, max_tokens, list(stop), seed)
         prompt_ids, self.conversation = list(context), ("", [])
@@ -211,6 +220,7 @@ class Engine:
         text, generated = TextStream(self.tokenizer, list(stop)), []
         eos, stop_reason, tick = self.tokenizer.eos_token_ids, None, start
         rounds = self.rounds(context, params, max_tokens, generated, mx.random.key(seed))
+        self.grammar = grammar
         try:
             while stop_reason is None:
                 try:
@@ -236,6 +246,7 @@ class Engine:
                     stop_reason = "stopped"
         finally:
             rounds.close()
+            self.grammar = None
 
         if tail := text.finish():
             yield Text(tail)
@@ -260,9 +271,9 @@ class Engine:
 
     def pipelines(self, params: SamplingParams) -> bool:
         """Whether plain rounds run one ahead, each queued before the last one's token reaches the host (as
-        mlx-lm's generate_step does): not across distributed ranks, and not with penalties, which count the
-        tokens on the host."""
-        return self.lockstep is None and not params.has_penalties
+        mlx-lm's generate_step does): not across distributed ranks, and not with penalties or a grammar, which
+        need the tokens on the host."""
+        return self.lockstep is None and not params.has_penalties and self.grammar is None
 
     def plain_step(self, last: list[int] | mx.array, params: SamplingParams, key: mx.array,
                    history: list[int]) -> tuple[Step, mx.array]:
@@ -318,6 +329,8 @@ class Engine:
         draft = self.drafter.propose(context, draft_len, params, draft_key) if draft_len else Draft.empty()
         if draft.confidence is not None and hasattr(self.policy, "cut"):  # the drafter's own estimates shorten it
             draft = draft.first(self.policy.cut(draft.confidence.tolist()))
+        if self.grammar is not None and draft.parents is None and draft.q is None:  # one-hot drafts the grammar
+            draft = draft.first(self.grammar.valid_prefix(draft.tokens.tolist()))  # rejects can only be rejected
         draft_len = draft.tokens.shape[0]
         if seconds is not None:
             mx.eval(draft.tokens)
@@ -332,18 +345,22 @@ class Engine:
             mx.eval(step.logits)
             seconds["verify"] = time.perf_counter() - start
         if draft.parents is None:
-            accepted, next_token = verify_draft(draft, step.logits, params, context, verify_key)
+            logits = step.logits if self.grammar is None else self.grammar.masked(step.logits, draft.tokens.tolist())
+            accepted, next_token = verify_draft(draft, logits, params, context, verify_key)
             mx.eval(draft.tokens, accepted, next_token)  # the round's only host synchronisation
             accepted = accepted.item()
             self.target.rollback(draft_len - accepted)
             new_tokens = draft.tokens[:accepted].tolist() + [next_token.item()]
             verdict = Round(draft_len, accepted, draft_len)
         else:
-            path, new_tokens = verify_tree(draft, step.logits, params, context, verify_key)
+            logits = step.logits if self.grammar is None else self.grammar.masked_tree(step.logits, draft.prefixes())
+            path, new_tokens = verify_tree(draft, logits, params, context, verify_key)
             kept = [0, *(node + 1 for node in path)]
             self.target.keep(draft_len + 1, kept)
             step = step.rows(kept)  # keeps every node's logits in `step.tree_logits` for the drafter
             verdict = Round(max(draft.depths()) if draft.depth is None else draft.depth, len(path), draft_len)
+        if self.grammar is not None:
+            self.grammar.advance(new_tokens)
         if self.drafter:
             self.drafter.accept(context + new_tokens, verdict.accepted, step.first(verdict.accepted + 1))
         return verdict, new_tokens
@@ -375,8 +392,9 @@ class Engine:
                           {k: statistics.median(s["draft"] for s in runs) for k, runs in timed.items() if k})
 
     def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
-                 max_tokens: int = 256, stop: list[str] = (), seed: int = 0) -> Result:
-        return collect(self.stream(prompt, params, max_tokens, stop, seed))
+                 max_tokens: int = 256, stop: list[str] = (), seed: int = 0, tools: list[dict] | None = None,
+                 grammar: Grammar | None = None) -> Result:
+        return collect(self.stream(prompt, params, max_tokens, stop, seed, tools=tools, grammar=grammar))
 
     def batch_problem(self) -> str | None:
         """Why `generate_many` can only decode one sequence at a time here (None: it batches)."""

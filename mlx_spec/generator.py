@@ -53,6 +53,9 @@ class Job:
     draft_len: int | None  # pinned drafts per round, None: the adaptive policy
     deadline: float
     native: bool = False  # mlx-spec's own stream: rounds too, and a memory report before the end
+    tools: list[dict] | None = None  # what a chat may call (the chat template shows them to the model)
+    prompt_tokens: int = 0  # as the request's prompt was rendered when it came (before any prefill)
+    grammar: object = None  # grammar.Grammar: what the output must match (such a job runs on its own)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     loop: asyncio.AbstractEventLoop = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -159,7 +162,8 @@ class Generator:
         self.running = (job, engine)
         engine.pin(job.draft_len)  # after `running`: a pin that comes meanwhile reaches this engine
         ended = lambda: job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline
-        for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed, should_stop=ended):
+        for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed, should_stop=ended,
+                                   tools=job.tools, grammar=job.grammar):
             if isinstance(event, Done) and job.native:
                 job.send(memory.report(engine))
             if job.native or not isinstance(event, Round):
@@ -168,7 +172,7 @@ class Generator:
     def batchable(self, job: Job) -> bool:
         """Whether `job` may share a batch; a drafter that fails to load says so when the job runs alone (its own
         400), not in the middle of a batch it would end for everyone."""
-        if self.batch_size == 1 or job.native:
+        if self.batch_size == 1 or job.native or job.grammar is not None:
             return False
         try:
             return self.engine_for(job.drafter).batch_problem() is None
@@ -204,7 +208,7 @@ class Generator:
                     continue
                 try:
                     jobs[job.id] = job
-                    prompt = engine.encode(job.prompt)
+                    prompt = engine.encode_chat(job.prompt, job.tools)[0]
                     engine.check_fits(len(prompt), job.max_tokens)
                     return job.id, BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed,
                                             job.draft_len)

@@ -1,17 +1,57 @@
-"""The one place a prompt becomes what the model reads: a text or a chat (a list of {"role", "content"}),
-through the model's chat template unless `raw` or the model has none."""
+"""The one place a prompt becomes what the model reads: a text or a chat (a list of {"role", "content"}), with
+the tools it may call, through the model's chat template unless `raw` or the model has none."""
 
 from __future__ import annotations
+
+import json
 
 from .errors import SpecError
 
 
 def check_messages(messages) -> list[dict]:
-    """The messages, each content given as a list of OpenAI text parts ({"type": "text", "text"}) joined into
-    one text; a SpecError for anything else."""
+    """The messages as chat templates read them: each content one text (a list of OpenAI text parts,
+    {"type": "text", "text"}, joined), an assistant's `tool_calls` with their arguments as objects; a SpecError
+    for anything else."""
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise SpecError("messages must be a non-empty list of {\"role\", \"content\": text} objects")
-    return [{**m, "content": content_text(m.get("content"))} for m in messages]
+    return [checked_message(m) for m in messages]
+
+
+def checked_message(message: dict) -> dict:
+    if not message.get("tool_calls"):
+        return {**message, "content": content_text(message.get("content"))}
+    calls = message["tool_calls"]
+    if message.get("role") != "assistant" or not isinstance(calls, list):
+        raise SpecError("tool_calls must be a list, in an assistant message")
+    checked = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise SpecError("each of an assistant's tool_calls must be {\"type\": \"function\", \"function\": "
+                            "{\"name\", \"arguments\"}}")
+        arguments = function.get("arguments") or {}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                raise SpecError(f"the arguments of tool call {function['name']!r} are not JSON: send a JSON "
+                                "object (as text or as an object)") from None
+        if not isinstance(arguments, dict):
+            raise SpecError(f"the arguments of tool call {function['name']!r} must be a JSON object")
+        checked.append({**call, "function": {**function, "arguments": arguments}})
+    content = message.get("content")
+    return {**message, "content": "" if content is None else content_text(content), "tool_calls": checked}
+
+
+def check_tools(tools) -> list[dict]:
+    """OpenAI's `tools`: a list of {"type": "function", "function": {"name", "description"?, "parameters"?}}."""
+    if not isinstance(tools, list) or not all(
+            isinstance(tool, dict) and tool.get("type", "function") == "function"
+            and isinstance(tool.get("function"), dict) and isinstance(tool["function"].get("name"), str)
+            and isinstance(tool["function"].get("parameters", {}), dict) for tool in tools):
+        raise SpecError("tools must be a list of {\"type\": \"function\", \"function\": {\"name\", "
+                        "\"description\", \"parameters\": a JSON schema}} objects")
+    return [{"type": "function", **tool} for tool in tools]
 
 
 def content_text(content) -> str:
@@ -27,9 +67,13 @@ def content_text(content) -> str:
     raise SpecError("a message's content must be text or a list of {\"type\": \"text\", \"text\"} parts")
 
 
-def prompt_text(tokenizer, prompt: str | list[dict], raw: bool = False) -> tuple[str, bool]:
+def prompt_text(tokenizer, prompt: str | list[dict], raw: bool = False,
+                tools: list[dict] | None = None) -> tuple[str, bool]:
     """(the text the model reads, whether the chat template made it). Without a template (or with `raw`) a
-    text is used as it is and a chat's contents are joined by newlines."""
+    text is used as it is and a chat's contents are joined by newlines; `tools` need the template."""
+    if tools and (raw or not getattr(tokenizer, "has_chat_template", False)):
+        raise SpecError("tools need the model's chat template, and this model has none (or the prompt is raw): "
+                        "drop 'tools'")
     if isinstance(prompt, str):
         messages = [{"role": "user", "content": prompt}]
         if raw or not getattr(tokenizer, "has_chat_template", False) or not prompt.strip():
@@ -39,20 +83,22 @@ def prompt_text(tokenizer, prompt: str | list[dict], raw: bool = False) -> tuple
         if raw or not getattr(tokenizer, "has_chat_template", False):
             return "\n".join(m["content"] for m in messages), False
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), True
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             **({"tools": tools} if tools else {})), True
     except Exception as e:  # jinja templates raise their own errors for conversations they do not accept
         raise SpecError(f"the model's chat template rejects this conversation ({e}): fix the messages or pass "
                         "the prompt raw") from None
 
 
-def render_prompt(tokenizer, prompt: str | list[dict], raw: bool = False) -> list[int]:
+def render_prompt(tokenizer, prompt: str | list[dict], raw: bool = False,
+                  tools: list[dict] | None = None) -> list[int]:
     """The token ids the model reads for `prompt`: a templated text carries its own special tokens, a raw one
     gets the tokenizer's usual ones (e.g. a BOS)."""
     if not isinstance(prompt, (str, list)):
         raise SpecError(f"a prompt must be text or a list of messages, not {type(prompt).__name__}")
     if prompt == "":
         raise SpecError("the prompt is empty: give some text to continue")
-    text, templated = prompt_text(tokenizer, prompt, raw)
+    text, templated = prompt_text(tokenizer, prompt, raw, tools)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate: undecodable bytes in an argument, or "\ud800" in JSON

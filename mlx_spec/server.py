@@ -1,12 +1,15 @@
 """`mlx-spec serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn) over one loaded engine.
 
-`POST /v1/chat/completions` and `/v1/completions` (streamed as server-sent events or not), `GET /v1/models`,
-`GET /health`. Requests queue (bounded: 503 with Retry-After when full) and run on the generation thread
-(generator.py), which owns every MLX array: concurrent requests decode together in one batch (up to the batch
-size), the others one at a time, where a request that extends the previous conversation reuses the prompt cache.
+`POST /v1/chat/completions` and `/v1/completions` (streamed as server-sent events or not), Anthropic's
+`POST /v1/messages` (anthropic.py), `GET /v1/models`, `GET /health`. A chat's `tools` go through the model's chat
+template and the calls in its answer come back as `tool_calls` (tool_calls.py; tool_use blocks on /v1/messages).
+Requests queue (bounded: 503 with Retry-After when full) and run on the generation thread (generator.py), which
+owns every MLX array: concurrent requests decode together in one batch (up to the batch size), the others one at
+a time, where a request that extends the previous conversation reuses the prompt cache.
 A client that goes away stops its generation at the next round. `usage` carries the speculation figures under
 llama.cpp's names (`draft_n`, `draft_n_accepted`) besides the acceptance rate and mean acceptance length.
-Errors are OpenAI-shaped ({"error": {"message", "type", "param", "code"}}) with their HTTP status.
+Errors are OpenAI-shaped ({"error": {"message", "type", "param", "code"}}) with their HTTP status (Anthropic-shaped
+on /v1/messages).
 
 mlx-spec's own routes serve `mlx-spec chat --server` (mlx_spec.client): `GET /mlx-spec/v1/status` (a drafter's
 status, the server's default sampling and memory), `POST /mlx-spec/v1/generate` (the engine's own events, rounds
@@ -30,14 +33,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from . import memory
+from . import anthropic, memory
 from .batch import MAX_SEED
 from .engine import Engine, check_draft_len
 from .events import Done, Text, Token, event_to_dict
 from .errors import SpecError
 from .generator import APIError, Generator, Job
-from .prompts import check_messages, render_prompt
+from .grammar import Grammar
+from .prompts import check_messages, check_tools, render_prompt
 from .sampling import SamplingParams
+from .tool_calls import split_calls, tool_calls_of
 
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length"}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -72,13 +77,14 @@ def parse_job(body: dict, chat: bool, server: "Server", native: bool = False) ->
     if whole(body, "n", 1, 1) != 1:
         raise APIError(400, "'n' must be 1: one choice per request", "n")
     tokenizer = server.generator.default.tokenizer
+    tools = parse_tools(body, chat, tokenizer)
     if chat:
         messages = body.get("messages")
         try:
             prompt = check_messages(messages)
         except SpecError as e:
             raise APIError(400, f"'messages': {e}", "messages") from None
-        ids = render_prompt(tokenizer, prompt)  # a conversation the chat template rejects: a 400 now
+        ids = render_prompt(tokenizer, prompt, tools=tools)  # a conversation the chat template rejects: a 400 now
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -121,7 +127,50 @@ def parse_job(body: dict, chat: bool, server: "Server", native: bool = False) ->
         server.generator.default.check_fits(len(ids), max_tokens)
     except SpecError as e:
         raise APIError(400, str(e), "messages" if chat else "prompt", "context_length_exceeded") from None
-    return Job(prompt, params, max_tokens, stop, seed, drafter, draft_len, time.monotonic() + server.timeout, native)
+    return Job(prompt, params, max_tokens, stop, seed, drafter, draft_len, time.monotonic() + server.timeout, native,
+               tools, len(ids), parse_response_format(body, tokenizer))
+
+
+def parse_response_format(body: dict, tokenizer) -> Grammar | None:
+    """OpenAI's `response_format` (`text`, `json_object`, `json_schema` with its `json_schema.schema`) and
+    mlx-spec's `regex` / `lark` ({"type": "regex", "regex": "..."}) -> the grammar the output must match."""
+    given = body.get("response_format")
+    if given is None or given == {"type": "text"}:
+        return None
+    kind = given.get("type") if isinstance(given, dict) else None
+    if kind not in ("json_object", "json_schema", "regex", "lark"):
+        raise APIError(400, "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\" | "
+                            "\"regex\" | \"lark\"} with its value", "response_format")
+    spec = given.get("json_schema")
+    value = (spec.get("schema") if isinstance(spec, dict) else None) if kind == "json_schema" else given.get(kind)
+    if kind == "json_schema" and value is None:
+        raise APIError(400, "'response_format': json_schema needs {\"json_schema\": {\"name\", \"schema\"}}",
+                       "response_format")
+    try:
+        return Grammar(tokenizer, kind, value)
+    except SpecError as e:
+        raise APIError(400, f"'response_format': {e}", "response_format") from None
+
+
+def parse_tools(body: dict, chat: bool, tokenizer) -> list[dict] | None:
+    """OpenAI's `tools` and `tool_choice` -> the tools the chat template shows the model (None: none)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if choice not in (None, "auto", "none", "required") and not isinstance(choice, dict):
+        raise APIError(400, f"'tool_choice' must be \"auto\", \"none\", \"required\" or a function, got {choice!r}",
+                       "tool_choice")
+    if choice == "none" or not tools:
+        return None
+    if choice == "required" or isinstance(choice, dict):
+        raise APIError(400, "'tool_choice' that forces a call is not supported yet (it needs constrained decoding): "
+                            "send \"auto\" and let the model choose", "tool_choice")
+    if not chat:
+        raise APIError(400, "'tools' need a chat: send them to /v1/chat/completions", "tools")
+    try:
+        tools = check_tools(tools)
+        tool_calls_of(tokenizer, tools)
+    except SpecError as e:
+        raise APIError(400, f"'tools': {e}", "tools") from None
+    return tools
 
 
 def usage(done: Done) -> dict:
@@ -144,6 +193,7 @@ class Server:
             Route("/health", self.health), Route("/v1/models", self.models),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/mlx-spec/v1/status", self.status), Route("/mlx-spec/v1/generate", self.generate, methods=["POST"]),
             Route("/mlx-spec/v1/jobs/{id}", self.control, methods=["POST"]),
         ], exception_handlers={APIError: lambda request, e: e.response(), HTTPException: self.http_error,
@@ -157,8 +207,9 @@ class Server:
         return APIError(500, "internal error: see the server's log", kind="server_error").response()
 
     def authorize(self, request: Request) -> None:
-        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
-            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'",
+        if self.api_key and (request.headers.get("authorization") != f"Bearer {self.api_key}"
+                             and request.headers.get("x-api-key") != self.api_key):
+            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')",
                            code="invalid_api_key")
 
     async def health(self, request: Request):
@@ -261,6 +312,11 @@ class Server:
         if stream:
             return StreamingResponse(self.chunks(job, chat, meta, options.get("include_usage", False)),
                                      media_type="text/event-stream")
+        answer = await self.answer(job, request)
+        return JSONResponse(self.final(*answer, chat, kind, meta, job)) if answer else JSONResponse({}, 499)
+
+    async def answer(self, job: Job, request: Request) -> tuple[Done, str] | None:
+        """(Done, the whole text) of a job not streamed; None when the client went away meanwhile."""
         text = []
         try:
             while True:
@@ -268,25 +324,79 @@ class Server:
                     event = await asyncio.wait_for(job.events.get(), 0.5)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
-                        job.cancelled = True
-                        return JSONResponse({}, 499)
+                        return None
                     continue
                 if isinstance(event, APIError):
                     raise event
                 if isinstance(event, (Token, Text)):
                     text.append(event.text)
                 elif isinstance(event, Done):
-                    return JSONResponse(self.final(event, "".join(text), chat, kind, meta, job))
+                    if event.stop_reason == "stopped":
+                        raise self.stopped(job)
+                    return event, "".join(text)
         finally:
             job.cancelled = True  # nothing more will be read (a no-op once the job is done)
 
     def final(self, done: Done, text: str, chat: bool, kind: str, meta: dict, job: Job) -> dict:
-        if done.stop_reason == "stopped":
-            raise self.stopped(job)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat else
+        finish, message = FINISH_REASONS[done.stop_reason], None
+        if chat and job.tools:
+            text, made = split_calls(self.tool_calls(job), text)
+            message = {"role": "assistant", "content": text or None, "tool_calls": made} if made else None
+            finish = "tool_calls" if made and finish == "stop" else finish
+        choice = ({"index": 0, "message": message or {"role": "assistant", "content": text}} if chat else
                   {"index": 0, "text": text})
-        choice.update({"logprobs": None, "finish_reason": FINISH_REASONS[done.stop_reason]})
+        choice.update({"logprobs": None, "finish_reason": finish})
         return {**meta, "object": kind, "choices": [choice], "usage": usage(done)}
+
+    async def messages(self, request: Request):
+        """Anthropic's Messages API (anthropic.py) on the chat route's parsing and generation."""
+        try:
+            body = await self.body(request)
+            if not isinstance(body.get("stream", False), bool):
+                raise APIError(400, "'stream' must be true or false", "stream")
+            job = parse_job(anthropic.openai_body(body), True, self)
+            job.loop = asyncio.get_running_loop()
+            self.generator.submit(job)
+            if body.get("stream"):
+                return StreamingResponse(self.anthropic_events(job), media_type="text/event-stream")
+            if (answer := await self.answer(job, request)) is None:
+                return JSONResponse({}, 499)
+        except APIError as e:
+            return anthropic.error_response(e)
+        done, text = answer
+        content, calls = split_calls(self.tool_calls(job), text) if job.tools else (text, [])
+        stop = anthropic.stop_of(done, calls, self.generator.default.tokenizer, job.stop)
+        return JSONResponse(anthropic.message(done, content, calls, self.model_id, stop, usage(done)))
+
+    async def anthropic_events(self, job: Job):
+        stream, calls, made = anthropic.EventStream(self.model_id, job.prompt_tokens), self.tool_calls(job), []
+
+        def shown(pieces: list) -> str:
+            made.extend(p for p in pieces if isinstance(p, dict))
+            return "".join(stream.call(p) if isinstance(p, dict) else stream.text(p) for p in pieces)
+
+        try:
+            yield stream.start()
+            while True:
+                event = await job.events.get()
+                if isinstance(event, Done) and event.stop_reason == "stopped":
+                    event = self.stopped(job)
+                if isinstance(event, APIError):
+                    yield anthropic.event("error", error=anthropic.error_body(event)["error"])
+                    break
+                if isinstance(event, (Token, Text)) and event.text:
+                    yield shown(calls.feed(event.text) if calls else [event.text])
+                elif isinstance(event, Done):
+                    yield shown(calls.close() if calls else [])
+                    stop = anthropic.stop_of(event, made, self.generator.default.tokenizer, job.stop)
+                    yield stream.end(event, stop, usage(event))
+                    break
+        finally:
+            job.cancelled = True
+
+    def tool_calls(self, job: Job):
+        """A stream that finds the calls of the job's tools in its text (None: the job has no tools)."""
+        return tool_calls_of(self.generator.default.tokenizer, job.tools) if job.tools else None
 
     def stopped(self, job: Job) -> APIError:
         if self.generator.closing:
@@ -295,32 +405,41 @@ class Server:
                         kind="server_error", code="timeout")
 
     async def chunks(self, job: Job, chat: bool, meta: dict, include_usage: bool):
+        """Server-sent chunks: content deltas (text), each tool call whole in one delta as its end marker comes."""
         kind = "chat.completion.chunk" if chat else "text_completion"
+        calls, made = self.tool_calls(job) if chat else None, []
 
-        def chunk(delta: str | None, finish: str | None = None, first: bool = False) -> str:
-            if chat:
-                content = {"role": "assistant", "content": ""} if first else {} if delta is None else {"content": delta}
-                choice = {"index": 0, "delta": content}
-            else:
-                choice = {"index": 0, "text": delta or ""}
+        def chunk(delta: dict, finish: str | None = None) -> str:
+            choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": delta.get("content", "")}
             choice.update({"logprobs": None, "finish_reason": finish})
             return f"data: {json.dumps({**meta, 'object': kind, 'choices': [choice]})}\n\n"
 
+        def deltas(pieces: list) -> list[str]:
+            for piece in pieces:
+                if isinstance(piece, dict):
+                    made.append(piece)
+            return [chunk({"content": piece} if isinstance(piece, str) else
+                          {"tool_calls": [{"index": made.index(piece), **piece}]}) for piece in pieces]
+
         try:
             if chat:
-                yield chunk(None, first=True)
+                yield chunk({"role": "assistant", "content": ""})
             while True:
                 event = await job.events.get()
                 if isinstance(event, APIError):
                     yield f"data: {json.dumps(event.body())}\n\n"
                     break
                 if isinstance(event, (Token, Text)) and event.text:
-                    yield chunk(event.text)
+                    for line in deltas(calls.feed(event.text) if calls else [event.text]):
+                        yield line
                 elif isinstance(event, Done):
                     if event.stop_reason == "stopped":
                         yield f"data: {json.dumps(self.stopped(job).body())}\n\n"
                         break
-                    yield chunk(None, FINISH_REASONS[event.stop_reason])
+                    for line in deltas(calls.close() if calls else []):
+                        yield line
+                    finish = FINISH_REASONS[event.stop_reason]
+                    yield chunk({}, "tool_calls" if made and finish == "stop" else finish)
                     if include_usage:
                         yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [], 'usage': usage(event)})}\n\n"
                     break

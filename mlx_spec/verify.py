@@ -64,8 +64,7 @@ def verify_tree(draft: Draft, logits: mx.array, params: SamplingParams, history:
     for node, parent in enumerate(draft.parents):
         if draft.candidates is None or draft.candidates[node]:
             children.setdefault(parent, []).append(node)
-    prefixes = [[]] + [[tokens[a] for a in draft.ancestors(node)] for node in range(len(tokens))]
-    logits = tree_penalized(logits, params, history, prefixes)
+    logits = tree_penalized(logits, params, history, draft.prefixes())
     path, node = [], -1
     if params.greedy:
         choice = mx.argmax(logits, axis=-1).tolist()

@@ -1,6 +1,6 @@
 """Prove the suite catches what it claims to: apply small deliberate bugs to the core (verification, sampling,
 rollback, drafts, the drafting helpers, n-gram and suffix lookup, ragged batches, block drafters and their
-training), one at a time, each in a fresh copy of the working tree, and run the tests that should catch it. Every
+training, constrained output), one at a time, each in a fresh copy of the working tree, and run the tests that should catch it. Every
 mutant must make them fail.
 
     python scripts/mutants.py              # all of them (about 2 minutes on 2 cores)
@@ -112,6 +112,10 @@ MUTANTS = [
            "at = (anchors[..., None] + mx.arange(self.k)).reshape(b, -1)",
            "at = (anchors[..., None] + mx.arange(1, self.k + 1)).reshape(b, -1)",
            ("tests/test_train_block.py::test_a_trained_block_drafter_drafts_exactly_and_well",)),
+    Mutant("every verified row is masked by the grammar state before the drafts", "mlx_spec/grammar.py",
+           "return self.masked_tree(logits, [drafts[:j] for j in range(logits.shape[0])])",
+           "return self.masked_tree(logits, [[] for j in range(logits.shape[0])])",
+           ("tests/test_grammar.py::test_greedy_constrained_output_equals_plain_constrained_decoding",)),
 ]
 
 

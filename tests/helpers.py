@@ -192,13 +192,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(tiny, *extra, drafter: tuple[str, ...] | None = None) -> tuple[subprocess.Popen, str]:
-    """`mlx-spec serve` of the tiny qwen3 (qwen3-long: its context fits generations that run for minutes) with
-    its layer-skip draft (or the `drafter` flags) on a free localhost port, key KEY; returns (the process, its
-    base URL) once /health answers."""
+def start_server(tiny, *extra, drafter: tuple[str, ...] | None = None, model=None) -> tuple[subprocess.Popen, str]:
+    """`mlx-spec serve` of the tiny qwen3 (qwen3-long: its context fits generations that run for minutes; or
+    `model`) with its layer-skip draft (or the `drafter` flags) on a free localhost port, key KEY; returns (the
+    process, its base URL) once /health answers."""
     port = free_port()
     drafter = drafter or ("--draft-model", str(tiny["qwen3-draft"]))
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(tiny["qwen3-long"]),
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_spec.cli", "serve", "--model", str(model or tiny["qwen3-long"]),
                              *drafter, "--port", str(port), "--api-key", KEY, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_ctrl_c)
     url = f"http://127.0.0.1:{port}"

@@ -28,6 +28,7 @@ from tiny_block import train_block_drafter
 from tiny_gemma4 import build_gemma4_assistant, build_gemma4_target, distill_gemma4_assistant
 from tiny_heads import build_eagle3, build_medusa, build_mtp_head
 from tiny_nextn import NEXTN_FAMILIES, build_nextn_checkpoint, train_nextn, with_trained_nextn
+from tiny_tools import build_tool_base, build_tool_tokenizer, train_tool_model
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MANIFEST = FIXTURES / "manifest.json"
@@ -59,6 +60,7 @@ TRAINED = [
         out, paths["qwen3"], HEAD_TEXTS, layer_types=["sliding_attention", "full_attention"], sliding_window=9)),
     Fixture("qwen3_5-dspark", ("qwen3_5",), lambda out, paths: train_block_drafter(
         out, paths["qwen3_5"], HEAD_TEXTS, kind="dspark")),
+    Fixture("qwen3-tools", ("qwen3-tools-base",), lambda out, paths: train_tool_model(out, paths["qwen3-tools-base"])),
     *[Fixture(f"{family}-nextn", (family,), lambda out, paths, family=family: train_nextn(out, paths[family],
                                                                                            HEAD_TEXTS))
       for family in NEXTN_FAMILIES],
@@ -95,6 +97,8 @@ def build_bases(root: Path, tokenizers: dict[str, Path], progress: Callable[[str
         # all layers, perturbed: close to the target but not equal, for sampled-distribution tests
         "qwen3-noisy": lambda out: build_layer_skip_draft(out, paths["qwen3"], keep_layers=4, noise=0.2),
         **{family: lambda out, family=family: build_nextn_checkpoint(out, family, tok) for family in NEXTN_FAMILIES},
+        "tokenizer-tools": lambda out: build_tool_tokenizer(out, tok),  # Qwen2.5's tool tokens and template
+        "qwen3-tools-base": lambda out: build_tool_base(out, paths["tokenizer-tools"]),
     }
     progress(f"drawing {len(builders)} random-weight checkpoints")
     paths = {}

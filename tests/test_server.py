@@ -160,6 +160,8 @@ HI = [{"role": "user", "content": "hi"}]
     ({"messages": HI, "drafter": "eagle"}, 400, "'drafter' must be one of", "drafter"),
     ({"messages": HI, "num_draft": 99}, 400, "draft length", "num_draft"),
     ({"messages": HI, "stream": "yes"}, 400, "'stream'", "stream"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "this model's chat template has no tool calling", "tools"),
 ])
 def test_bad_requests_get_openai_shaped_errors(server, body, status, fragment, param):
     url, _ = server

@@ -1,0 +1,106 @@
+"""Tool calls in a model's output, in OpenAI's shape, as the text streams.
+
+Each model family writes its calls its own way (Qwen's `<tool_call>{"name", "arguments"}</tool_call>`, Qwen3.5's
+`<function=...>` XML, Gemma 4's `<|tool_call>call:...`, ...); mlx-lm keeps one parser a family and picks it from
+the chat template (compat.tool_call_format). `ToolCallStream` splits the text between the family's markers from
+the content around it and parses each call as soon as its end marker arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from .compat import tool_call_format
+from .errors import SpecError
+
+
+def tool_calls_of(tokenizer, tools: list[dict]) -> "ToolCallStream":
+    """A stream that finds the calls of `tools` in this model's output; a SpecError when the model's chat template
+    has no tool calling."""
+    found = tool_call_format(tokenizer)
+    if found is None:
+        raise SpecError("this model's chat template has no tool calling: drop 'tools', or serve a model whose "
+                        "template has (Qwen 2.5 / 3 / 3.5, Gemma 4, Mistral, GLM, ...)")
+    return ToolCallStream(*found, tools)
+
+
+class ToolCallStream:
+    """`feed(text)` -> what can be shown now: content texts and OpenAI tool calls ({"id", "type": "function",
+    "function": {"name", "arguments": JSON text}}), in order; `close()` -> the rest. Text that may begin a start
+    marker waits for the next piece; a call that does not parse stays in the content, markers and all, and so
+    does one left open at the end that does not parse. Blank text next to a call is dropped."""
+
+    def __init__(self, start: str, end: str, parse, tools: list[dict]):
+        self.start, self.end, self.parse, self.tools = start, end, parse, tools
+        self.pending, self.inside, self.blank, self.before = "", False, "", ""
+        self.after_call = False
+
+    def feed(self, text: str) -> list[str | dict]:
+        self.pending += text
+        out = []
+        while True:
+            if self.inside:
+                at = self.pending.find(self.end)
+                if at < 0:
+                    return out
+                out += self.called(self.pending[:at])
+                self.pending, self.inside = self.pending[at + len(self.end):], False
+                continue
+            at = self.pending.find(self.start)
+            if at >= 0:
+                self.content(out, self.pending[:at])
+                self.before, self.blank = self.blank, ""  # dropped if what follows is a call
+                self.pending, self.inside = self.pending[at + len(self.start):], True
+                continue
+            keep = next((k for k in range(min(len(self.start) - 1, len(self.pending)), 0, -1)
+                         if self.start.startswith(self.pending[-k:])), 0)
+            self.content(out, self.pending[:len(self.pending) - keep])
+            self.pending = self.pending[len(self.pending) - keep:]
+            return out
+
+    def close(self) -> list[str | dict]:
+        out = []
+        if self.inside:
+            out += self.called(self.pending, ended=False)
+        else:
+            self.content(out, self.pending)
+        if self.blank and not self.after_call:  # the end of content, not the blank after a call
+            out.append(self.blank)
+        self.pending, self.inside, self.blank = "", False, ""
+        return out
+
+    def content(self, out: list, text: str) -> None:
+        """Blank text waits until something else follows it (blank before or after a call is dropped), so that
+        the content is the same however the text was cut."""
+        text = self.blank + text
+        shown = text.rstrip()
+        self.blank = text[len(shown):]
+        if shown:
+            out.append(shown.lstrip() if self.after_call else shown)
+            self.after_call = False
+
+    def called(self, text: str, ended: bool = True) -> list[str | dict]:
+        try:
+            parsed = self.parse(text, self.tools)
+            parsed = parsed if isinstance(parsed, list) else [parsed]
+            calls = [openai_call(call) for call in parsed]
+        except (ValueError, KeyError, TypeError, AttributeError):  # not a call after all: keep the text
+            return [self.before + self.start + text + (self.end if ended else "")]
+        self.after_call = True
+        return calls
+
+
+def openai_call(call: dict) -> dict:
+    name, arguments = call["name"], call.get("arguments", {})
+    if not isinstance(name, str) or not isinstance(arguments, (dict, str)):
+        raise ValueError(f"not a tool call: {call!r}")
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": arguments if isinstance(arguments, str)
+                         else json.dumps(arguments, ensure_ascii=False)}}
+
+
+def split_calls(stream: ToolCallStream, text: str) -> tuple[str, list[dict]]:
+    """A whole answer's (content, OpenAI tool calls)."""
+    pieces = stream.feed(text) + stream.close()
+    return "".join(p for p in pieces if isinstance(p, str)), [p for p in pieces if isinstance(p, dict)]
