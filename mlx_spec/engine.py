@@ -22,7 +22,7 @@ from .events import Done, Result, Round, Text, Token, collect, emit
 from .grammar import Grammar
 from .policy import AdaptiveDraftLength, FixedDraftLength
 from .prompts import prompt_text, render_prompt
-from .sampling import SamplingParams
+from .sampling import SamplingParams, token_logprobs
 from .stats import Stats
 from .text_stream import TextStream
 from .target import MAX_DRAFT_LEN, Interrupted, Step, Target
@@ -105,6 +105,8 @@ class Engine:
         self.conversation: tuple[str, list[int]] = ("", [])  # the last chat answered, as text and as tokens
         self.stop_requested = False
         self.grammar: Grammar | None = None  # the running generation's constraint
+        self.logprobs: int | None = None  # the running generation's: None, or how many likeliest tokens besides
+        self.round_logprobs: list = []  # the last round's, a (log p, top) for each token it emitted
         self.pin(draft_len)
         self.policy = self.next_policy
         self.lockstep = None  # distributed.Lockstep: this engine's target is sharded across ranks kept in step
@@ -176,11 +178,12 @@ class Engine:
     def stream(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                max_tokens: int = 256, stop: list[str] = (), seed: int = 0,
                should_stop: Callable[[], bool] = lambda: False, tools: list[dict] | None = None,
-               grammar: Grammar | None = None) -> Iterator[Token | Text | Round | Done]:
+               grammar: Grammar | None = None, logprobs: int | None = None) -> Iterator[Token | Text | Round | Done]:
         """The generation's events, ending with Done. `should_stop()` is asked between prefill chunks and after
         each round: true ends it there ("stopped"), as `stop` does. `tools`: what a chat may call (the chat
         template shows them to the model); `grammar`: what the output must match (grammar.py), verified
-        exactly under speculation."""
+        exactly under speculation; `logprobs` (a number of likeliest tokens, 0 for none): each Token carries its
+        log-probability under the target's raw logits, and theirs."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise SpecError(f"max_tokens must be >= 1 (a whole number), got {max_tokens!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
@@ -220,7 +223,7 @@ class Engine:
         text, generated = TextStream(self.tokenizer, list(stop)), []
         eos, stop_reason, tick = self.tokenizer.eos_token_ids, None, start
         rounds = self.rounds(context, params, max_tokens, generated, mx.random.key(seed))
-        self.grammar = grammar
+        self.grammar, self.logprobs = grammar, logprobs
         try:
             while stop_reason is None:
                 try:
@@ -241,12 +244,15 @@ class Engine:
                 stats.record_round(verdict)
                 yield verdict
                 tokens, stop_reason = emit(new_tokens, verdict.accepted, generated, text, eos, max_tokens)
+                if logprobs is not None:
+                    for token, (logprob, top) in zip(tokens, self.round_logprobs):
+                        token.logprob, token.top_logprobs = logprob, top
                 yield from tokens
                 if stop_reason is None and stop_now:
                     stop_reason = "stopped"
         finally:
             rounds.close()
-            self.grammar = None
+            self.grammar = self.logprobs = None
 
         if tail := text.finish():
             yield Text(tail)
@@ -271,9 +277,9 @@ class Engine:
 
     def pipelines(self, params: SamplingParams) -> bool:
         """Whether plain rounds run one ahead, each queued before the last one's token reaches the host (as
-        mlx-lm's generate_step does): not across distributed ranks, and not with penalties or a grammar, which
-        need the tokens on the host."""
-        return self.lockstep is None and not params.has_penalties and self.grammar is None
+        mlx-lm's generate_step does): not across distributed ranks, and not with penalties, a grammar or
+        log-probabilities, which need the tokens on the host."""
+        return self.lockstep is None and not params.has_penalties and self.grammar is None and self.logprobs is None
 
     def plain_step(self, last: list[int] | mx.array, params: SamplingParams, key: mx.array,
                    history: list[int]) -> tuple[Step, mx.array]:
@@ -361,6 +367,8 @@ class Engine:
             verdict = Round(max(draft.depths()) if draft.depth is None else draft.depth, len(path), draft_len)
         if self.grammar is not None:
             self.grammar.advance(new_tokens)
+        if self.logprobs is not None:  # the rows that scored the emitted tokens (a tree's: its kept path)
+            self.round_logprobs = token_logprobs(step.logits[:len(new_tokens)], new_tokens, self.logprobs)
         if self.drafter:
             self.drafter.accept(context + new_tokens, verdict.accepted, step.first(verdict.accepted + 1))
         return verdict, new_tokens
@@ -393,8 +401,9 @@ class Engine:
 
     def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, stop: list[str] = (), seed: int = 0, tools: list[dict] | None = None,
-                 grammar: Grammar | None = None) -> Result:
-        return collect(self.stream(prompt, params, max_tokens, stop, seed, tools=tools, grammar=grammar))
+                 grammar: Grammar | None = None, logprobs: int | None = None) -> Result:
+        return collect(self.stream(prompt, params, max_tokens, stop, seed, tools=tools, grammar=grammar,
+                                   logprobs=logprobs))
 
     def batch_problem(self) -> str | None:
         """Why `generate_many` can only decode one sequence at a time here (None: it batches)."""

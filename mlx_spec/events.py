@@ -16,6 +16,8 @@ class Token:
     id: int
     text: str  # newly printable text (may be empty while a multi-byte character or stop string is pending)
     from_draft: bool
+    logprob: float | None = None  # asked for (`logprobs`): log p of this token under the target's own logits
+    top_logprobs: list[tuple[int, float]] | None = None  # and its likeliest tokens there, (id, log p) each
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Result:
     stop_reason: str
     stats: Stats
     from_draft: list[bool] = field(default_factory=list)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # (log p, top) a token
 
 
 def emit(new_tokens: list[int], accepted: int, generated: list[int], text: TextStream, eos, max_tokens: int):
@@ -81,10 +84,12 @@ def emit(new_tokens: list[int], accepted: int, generated: list[int], text: TextS
 
 def collect(events: Iterator[Token | Text | Round | Done]) -> Result:
     """A whole generation from its events."""
-    from_draft = []
+    from_draft, logprobs = [], []
     for event in events:
         if isinstance(event, Token):
             from_draft.append(event.from_draft)
+            if event.logprob is not None:
+                logprobs.append((event.logprob, event.top_logprobs))
         elif isinstance(event, Done):
-            return Result(event.text, event.tokens, event.stop_reason, event.stats, from_draft)
+            return Result(event.text, event.tokens, event.stop_reason, event.stats, from_draft, logprobs)
     raise SpecError("the generation ended without its last event")

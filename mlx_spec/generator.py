@@ -56,6 +56,7 @@ class Job:
     tools: list[dict] | None = None  # what a chat may call (the chat template shows them to the model)
     prompt_tokens: int = 0  # as the request's prompt was rendered when it came (before any prefill)
     grammar: object = None  # grammar.Grammar: what the output must match (such a job runs on its own)
+    logprobs: int | None = None  # report log-probabilities, and this many likeliest tokens (runs on its own)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     loop: asyncio.AbstractEventLoop = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -163,7 +164,7 @@ class Generator:
         engine.pin(job.draft_len)  # after `running`: a pin that comes meanwhile reaches this engine
         ended = lambda: job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline
         for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed, should_stop=ended,
-                                   tools=job.tools, grammar=job.grammar):
+                                   tools=job.tools, grammar=job.grammar, logprobs=job.logprobs):
             if isinstance(event, Done) and job.native:
                 job.send(memory.report(engine))
             if job.native or not isinstance(event, Round):
@@ -172,7 +173,7 @@ class Generator:
     def batchable(self, job: Job) -> bool:
         """Whether `job` may share a batch; a drafter that fails to load says so when the job runs alone (its own
         400), not in the middle of a batch it would end for everyone."""
-        if self.batch_size == 1 or job.native or job.grammar is not None:
+        if self.batch_size == 1 or job.native or job.grammar is not None or job.logprobs is not None:
             return False
         try:
             return self.engine_for(job.drafter).batch_problem() is None

@@ -69,9 +69,7 @@ def parse_job(body: dict, chat: bool, server, native: bool = False) -> Job:
             raise APIError(400, f"'prompt' must be non-empty text, a list of one text, or token ids (0 to {vocab - 1})",
                            "prompt")
         prompt = ids = render_prompt(tokenizer, prompt, raw=True) if isinstance(prompt, str) else prompt
-    for key in ("logprobs", "top_logprobs"):
-        if body.get(key) not in (None, False):
-            raise APIError(400, f"'{key}' is not supported: this server returns no log-probabilities; drop it", key)
+    logprobs = parse_logprobs(body, chat)
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
@@ -100,7 +98,21 @@ def parse_job(body: dict, chat: bool, server, native: bool = False) -> Job:
     except SpecError as e:
         raise APIError(400, str(e), "messages" if chat else "prompt", "context_length_exceeded") from None
     return Job(prompt, params, max_tokens, stop, seed, drafter, draft_len, time.monotonic() + server.timeout, native,
-               tools, len(ids), parse_response_format(body, tokenizer))
+               tools, len(ids), parse_response_format(body, tokenizer), logprobs)
+
+
+def parse_logprobs(body: dict, chat: bool) -> int | None:
+    """How many likeliest tokens to report beside each token's log-probability (None: no log-probabilities):
+    a chat's `logprobs` (true / false) and `top_logprobs` (0 to 20), a completion's `logprobs` (0 to 5)."""
+    if not chat:
+        return whole(body, "logprobs", 0, None, 5)
+    wanted = body.get("logprobs")
+    if wanted not in (None, True, False):
+        raise APIError(400, f"'logprobs' must be true or false, got {wanted!r}", "logprobs")
+    top = whole(body, "top_logprobs", 0, None, 20)
+    if top is not None and not wanted:
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def parse_response_format(body: dict, tokenizer) -> Grammar | None:

@@ -159,3 +159,16 @@ def probabilities(logits: mx.array, params: SamplingParams) -> mx.array:
 def sample(probs: mx.array, key: mx.array) -> mx.array:
     """One token per row of `probs` (n, V), on the device (no host sync)."""
     return mx.random.categorical(mx.log(probs), axis=-1, key=key)
+
+
+def token_logprobs(logits: mx.array, tokens: list[int], top: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """For each row of raw logits (n, V) and the token emitted there: (its log-probability under the row's
+    softmax, the `top` likeliest (token, log-probability))."""
+    logprobs = logits.astype(mx.float32)
+    logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logprobs, mx.array(tokens)[:, None], axis=-1)[:, 0].tolist()
+    if not top:
+        return [(value, []) for value in chosen]
+    best = mx.argsort(-logprobs, axis=-1)[:, :top]
+    values = mx.take_along_axis(logprobs, best, axis=-1)
+    return [(value, list(zip(ids, lps))) for value, ids, lps in zip(chosen, best.tolist(), values.tolist())]

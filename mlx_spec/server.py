@@ -38,6 +38,7 @@ from .engine import Engine
 from .events import Done, Text, Token, event_to_dict
 from .errors import SpecError
 from .generator import APIError, Generator, Job
+from .grammar import ll_tokenizer
 from .request_fields import FINISH_REASONS, parse_draft_len, parse_job, usage
 from .sampling import SamplingParams
 from .tool_calls import split_calls, tool_calls_of
@@ -175,9 +176,9 @@ class Server:
         answer = await self.answer(job, request)
         return JSONResponse(self.final(*answer, chat, kind, meta, job)) if answer else JSONResponse({}, 499)
 
-    async def answer(self, job: Job, request: Request) -> tuple[Done, str] | None:
-        """(Done, the whole text) of a job not streamed; None when the client went away meanwhile."""
-        text = []
+    async def answer(self, job: Job, request: Request) -> tuple[Done, str, list[Token]] | None:
+        """(Done, the whole text, its Token events) of a job not streamed; None when the client went away."""
+        text, tokens = [], []
         try:
             while True:
                 try:
@@ -190,14 +191,15 @@ class Server:
                     raise event
                 if isinstance(event, (Token, Text)):
                     text.append(event.text)
+                    tokens += [event] if isinstance(event, Token) else []
                 elif isinstance(event, Done):
                     if event.stop_reason == "stopped":
                         raise self.stopped(job)
-                    return event, "".join(text)
+                    return event, "".join(text), tokens
         finally:
             job.cancelled = True  # nothing more will be read (a no-op once the job is done)
 
-    def final(self, done: Done, text: str, chat: bool, kind: str, meta: dict, job: Job) -> dict:
+    def final(self, done: Done, text: str, tokens: list[Token], chat: bool, kind: str, meta: dict, job: Job) -> dict:
         finish, message = FINISH_REASONS[done.stop_reason], None
         if chat and job.tools:
             text, made = split_calls(self.tool_calls(job), text)
@@ -205,8 +207,25 @@ class Server:
             finish = "tool_calls" if made and finish == "stop" else finish
         choice = ({"index": 0, "message": message or {"role": "assistant", "content": text}} if chat else
                   {"index": 0, "text": text})
-        choice.update({"logprobs": None, "finish_reason": finish})
+        choice.update({"logprobs": self.logprobs_of(tokens, chat) if job.logprobs is not None else None,
+                       "finish_reason": finish})
         return {**meta, "object": kind, "choices": [choice], "usage": usage(done)}
+
+    def logprobs_of(self, tokens: list[Token], chat: bool) -> dict:
+        """OpenAI's `logprobs` of these tokens: a chat's {"content": [{"token", "logprob", "bytes",
+        "top_logprobs"}]}, a completion's lists (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`)."""
+        raw = ll_tokenizer(self.generator.default.tokenizer).decode_bytes
+
+        def one(token: int, logprob: float) -> dict:
+            data = raw([token])
+            return {"token": data.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(data)}
+        if chat:
+            return {"content": [{**one(t.id, t.logprob), "top_logprobs": [one(*best) for best in t.top_logprobs]}
+                                for t in tokens]}
+        texts = [one(t.id, 0.0)["token"] for t in tokens]
+        return {"tokens": texts, "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [{one(*best)["token"]: best[1] for best in t.top_logprobs} for t in tokens],
+                "text_offset": [sum(map(len, texts[:i])) for i in range(len(texts))]}
 
     async def messages(self, request: Request):
         """Anthropic's Messages API (anthropic.py) on the chat route's parsing and generation."""
@@ -223,7 +242,7 @@ class Server:
                 return JSONResponse({}, 499)
         except APIError as e:
             return anthropic.error_response(e)
-        done, text = answer
+        done, text, _ = answer
         content, calls = split_calls(self.tool_calls(job), text) if job.tools else (text, [])
         stop = anthropic.stop_of(done, calls, self.generator.default.tokenizer, job.stop)
         return JSONResponse(anthropic.message(done, content, calls, self.model_id, stop, usage(done)))
@@ -267,11 +286,12 @@ class Server:
     async def chunks(self, job: Job, chat: bool, meta: dict, include_usage: bool):
         """Server-sent chunks: content deltas (text), each tool call whole in one delta as its end marker comes."""
         kind = "chat.completion.chunk" if chat else "text_completion"
-        calls, made = self.tool_calls(job) if chat else None, []
+        calls, made, scored = self.tool_calls(job) if chat else None, [], []  # scored: tokens not yet reported
 
         def chunk(delta: dict, finish: str | None = None) -> str:
             choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": delta.get("content", "")}
-            choice.update({"logprobs": None, "finish_reason": finish})
+            choice.update({"logprobs": self.logprobs_of(scored, chat) if scored else None, "finish_reason": finish})
+            scored.clear()
             return f"data: {json.dumps({**meta, 'object': kind, 'choices': [choice]})}\n\n"
 
         def deltas(pieces: list) -> list[str]:
@@ -289,6 +309,8 @@ class Server:
                 if isinstance(event, APIError):
                     yield f"data: {json.dumps(event.body())}\n\n"
                     break
+                if isinstance(event, Token) and event.logprob is not None:
+                    scored.append(event)
                 if isinstance(event, (Token, Text)) and event.text:
                     for line in deltas(calls.feed(event.text) if calls else [event.text]):
                         yield line

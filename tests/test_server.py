@@ -154,7 +154,6 @@ HI = [{"role": "user", "content": "hi"}]
     ({"messages": HI, "top_p": 2}, 400, "top_p must be in [1e-06, 1] (1 disables it), got 2.0", "top_p"),
     ({"messages": HI, "max_tokens": 0}, 400, "'max_tokens'", "max_tokens"),
     ({"messages": HI, "max_tokens": 200_000}, 400, "more than the model's context of 131072", "messages"),
-    ({"messages": HI, "logprobs": True, "top_logprobs": 2}, 400, "'logprobs' is not supported", "logprobs"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], }, 400,
      "parts of type 'image_url' are not supported", "messages"),
     ({"messages": HI, "drafter": "eagle"}, 400, "'drafter' must be one of", "drafter"),
