@@ -184,13 +184,14 @@ def output_head(model):
 
 
 def tool_call_format(tokenizer):
-    """(start marker, end marker, parse) of the model family's tool calls, or None when its chat template has no
-    tool calling."""
+    """(start marker, end marker, parse, the format's name: its mlx-lm parser module, e.g. "json_tools") of the
+    model family's tool calls, or None when its chat template has no tool calling."""
     if not hasattr(tokenizer, "has_tool_calling"):
         raise broken("the tokenizer wrapper's tool calling (no has_tool_calling)")
     if not tokenizer.has_tool_calling:
         return None
-    return tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
+    parse = tokenizer.tool_parser
+    return tokenizer.tool_call_start, tokenizer.tool_call_end, parse, parse.__module__.rsplit(".", 1)[-1]
 
 
 def check_tool_parsers() -> None:

@@ -14,7 +14,7 @@ from .events import Done
 from .generator import APIError, Job
 from .grammar import Grammar
 from .prompts import check_messages, check_tools, render_prompt
-from .tool_calls import tool_calls_of
+from .tool_calls import forced_calls, tool_calls_of
 
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length"}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -41,15 +41,16 @@ def parse_draft_len(body: dict, key: str) -> int | None:
 
 
 def parse_job(body: dict, chat: bool, server, native: bool = False) -> Job:
-    """A request body -> Job for `server` (server.Server), or APIError naming the field at fault. OpenAI's fields and mlx-spec's (`drafter`,
-    `num_draft`); the native stream's `draft_len` may also be null: the adaptive policy."""
+    """A request body -> Job for `server` (server.Server), or APIError naming the field at fault. OpenAI's fields
+    and mlx-spec's (`drafter`, `num_draft`); the native stream's `draft_len` may also be null: the adaptive
+    policy."""
     if server.model_id != body.get("model", server.model_id):
         raise APIError(404, f"model {body.get('model')!r} not found: this server serves {server.model_id!r} "
                             "(GET /v1/models)", "model", "model_not_found")
     if whole(body, "n", 1, 1) != 1:
         raise APIError(400, "'n' must be 1: one choice per request", "n")
     tokenizer = server.generator.default.tokenizer
-    tools = parse_tools(body, chat, tokenizer)
+    tools, forced = parse_tools(body, chat, tokenizer)
     if chat:
         messages = body.get("messages")
         try:
@@ -97,8 +98,12 @@ def parse_job(body: dict, chat: bool, server, native: bool = False) -> Job:
         server.generator.default.check_fits(len(ids), max_tokens)
     except SpecError as e:
         raise APIError(400, str(e), "messages" if chat else "prompt", "context_length_exceeded") from None
+    grammar = parse_response_format(body, tokenizer)
+    if forced and grammar:
+        raise APIError(400, "send either a 'tool_choice' that forces a call or a 'response_format', not both",
+                       "tool_choice")
     return Job(prompt, params, max_tokens, stop, seed, drafter, draft_len, time.monotonic() + server.timeout, native,
-               tools, len(ids), parse_response_format(body, tokenizer), logprobs)
+               tools, len(ids), grammar or forced, logprobs)
 
 
 def parse_logprobs(body: dict, chat: bool) -> int | None:
@@ -136,17 +141,17 @@ def parse_response_format(body: dict, tokenizer) -> Grammar | None:
         raise APIError(400, f"'response_format': {e}", "response_format") from None
 
 
-def parse_tools(body: dict, chat: bool, tokenizer) -> list[dict] | None:
-    """OpenAI's `tools` and `tool_choice` -> the tools the chat template shows the model (None: none)."""
+def parse_tools(body: dict, chat: bool, tokenizer) -> tuple[list[dict] | None, Grammar | None]:
+    """OpenAI's `tools` and `tool_choice` -> (the tools the chat template shows the model, None: none; the
+    grammar that forces calls when `tool_choice` is "required" or names a function)."""
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if choice not in (None, "auto", "none", "required") and not isinstance(choice, dict):
-        raise APIError(400, f"'tool_choice' must be \"auto\", \"none\", \"required\" or a function, got {choice!r}",
-                       "tool_choice")
+    named = isinstance(choice, dict) and choice.get("type", "function") == "function" and isinstance(
+        choice.get("function"), dict) and isinstance(choice["function"].get("name"), str)
+    if choice not in (None, "auto", "none", "required") and not named:
+        raise APIError(400, f"'tool_choice' must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
+                            f"\"function\": {{\"name\"}}}}, got {choice!r}", "tool_choice")
     if choice == "none" or not tools:
-        return None
-    if choice == "required" or isinstance(choice, dict):
-        raise APIError(400, "'tool_choice' that forces a call is not supported yet (it needs constrained decoding): "
-                            "send \"auto\" and let the model choose", "tool_choice")
+        return None, None
     if not chat:
         raise APIError(400, "'tools' need a chat: send them to /v1/chat/completions", "tools")
     try:
@@ -154,7 +159,13 @@ def parse_tools(body: dict, chat: bool, tokenizer) -> list[dict] | None:
         tool_calls_of(tokenizer, tools)
     except SpecError as e:
         raise APIError(400, f"'tools': {e}", "tools") from None
-    return tools
+    if choice != "required" and not named:
+        return tools, None
+    try:
+        return tools, Grammar(tokenizer, "lark", forced_calls(tokenizer, tools, choice["function"]["name"]
+                                                              if named else None))
+    except SpecError as e:
+        raise APIError(400, f"'tool_choice': {e}", "tool_choice") from None
 
 
 def usage(done: Done) -> dict:

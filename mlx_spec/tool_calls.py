@@ -18,11 +18,38 @@ from .errors import SpecError
 def tool_calls_of(tokenizer, tools: list[dict]) -> "ToolCallStream":
     """A stream that finds the calls of `tools` in this model's output; a SpecError when the model's chat template
     has no tool calling."""
+    return ToolCallStream(*call_format(tokenizer)[:3], tools)
+
+
+def call_format(tokenizer) -> tuple:
     found = tool_call_format(tokenizer)
     if found is None:
         raise SpecError("this model's chat template has no tool calling: drop 'tools', or serve a model whose "
                         "template has (Qwen 2.5 / 3 / 3.5, Gemma 4, Mistral, GLM, ...)")
-    return ToolCallStream(*found, tools)
+    return found
+
+
+def forced_calls(tokenizer, tools: list[dict], name: str | None = None) -> str:
+    """A Lark grammar (llguidance's, `%json` for the JSON parts) of answers that are nothing but calls of `tools`
+    (of the one named `name`), in the model family's format: what `tool_choice` "required" or a named function
+    asks for. Written for the `<tool_call>{"name", "arguments"}</tool_call>` JSON format (Qwen 2.5 / 3 and
+    others mlx-lm reads with json_tools); a SpecError for other formats and unknown names."""
+    start, end, _, kind = call_format(tokenizer)
+    if kind != "json_tools":
+        raise SpecError(f"forcing a tool call is supported for the <tool_call> JSON format (Qwen 2.5 / 3), not this "
+                        f"model's {kind} format: send tool_choice \"auto\"")
+    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    if not chosen:
+        raise SpecError(f"tool_choice names {name!r}, which is not among the tools: name one of "
+                        f"{', '.join(t['function']['name'] for t in tools)}")
+    schema = {"anyOf": [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                                          "arguments": f.get("parameters") or {"type": "object"}},
+                         "required": ["name", "arguments"], "additionalProperties": False} for f in chosen],
+              "x-guidance": {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}}
+    vocab = tokenizer.get_vocab()
+    marker = {m: m if m in vocab else json.dumps(m) for m in (start, end)}  # a token of its own, or text
+    return (f'start: call ("\\n" call)*\ncall: {marker[start]} "\\n" body "\\n" {marker[end]}\n'
+            f"body: %json {json.dumps(schema)}")
 
 
 class ToolCallStream:

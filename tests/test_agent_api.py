@@ -16,6 +16,7 @@ import random
 import anthropic
 import httpx
 import jsonschema
+import llguidance
 import openai
 import pytest
 from helpers import KEY, start_server
@@ -25,7 +26,7 @@ from tiny import build_layer_skip_draft
 from tiny_tools import HELLO, TIMES, TOOLS, WEATHER
 
 from mlx_lm.tool_parsers import json_tools
-from mlx_spec.tool_calls import ToolCallStream
+from mlx_spec.tool_calls import ToolCallStream, forced_calls
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,35 @@ def test_a_tool_call_and_its_result_round_trip(api, reference):
     assert back.choices[0].message.tool_calls is None and back.choices[0].finish_reason == "stop"
 
 
+def test_tool_choice_forces_calls_exactly(api, tool_model):
+    """"required" makes the model call a tool where it would have said hello, a named function makes it call
+    that one; the arguments valid for the tool's schema, the answer what plain decoding under the same grammar
+    gives; the same through Anthropic's tool_choice "any"."""
+    api, model, url = api
+    from mlx_lm.utils import load
+
+    tokenizer = load(str(tool_model[0]))[1]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for messages, choice in ((HELLO, "required"), (WEATHER, {"type": "function", "function": {"name": "get_time"}})):
+        reply = api.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice=choice,
+                                            max_tokens=128)
+        calls = calls_of(reply.choices[0].message.tool_calls)
+        assert calls and reply.choices[0].finish_reason == "tool_calls"
+        for name, arguments in calls:
+            jsonschema.validate(arguments, schemas[name])
+        assert choice == "required" or {name for name, _ in calls} == {"get_time"}
+        grammar = forced_calls(tokenizer, TOOLS, None if choice == "required" else "get_time")
+        prompt = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True)
+        plain = tokenizer.decode(constrained_reference(tool_model[0], prompt,
+                                                       llguidance.LLMatcher.grammar_from_lark(grammar), 128))
+        assert calls == [(c["name"], c["arguments"]) for c in map(
+            json.loads, re.findall(r"<tool_call>\n(.*?)\n</tool_call>", plain, re.S))]
+    claude = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=120)
+    forced = claude.messages.create(model=model, max_tokens=128, messages=HELLO, tools=ANTHROPIC_TOOLS,
+                                    tool_choice={"type": "any"})
+    assert forced.stop_reason == "tool_use" and forced.content[0].type == "tool_use"
+
+
 def test_parallel_calls_and_plain_answers_with_every_drafter(api, reference):
     """Two calls in one answer (indices 0 and 1 when streamed), a plain answer beside tools, requests sharing a
     batch; the draft model and n-gram drafting, drafts both accepted and rejected, every answer as plain decoding's."""
@@ -124,7 +154,10 @@ def test_parallel_calls_and_plain_answers_with_every_drafter(api, reference):
 @pytest.mark.parametrize("body, fragment, param", [
     ({"tools": [{"type": "function"}]}, "tools must be a list of", "tools"),
     ({"tools": "get_weather"}, "tools must be a list of", "tools"),
-    ({"tools": TOOLS, "tool_choice": "required"}, "not supported yet", "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools",
+     "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "not both",
+     "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "'tool_choice' must be", "tool_choice"),
     ({"messages": [*WEATHER, {"role": "assistant", "content": None, "tool_calls": [
         {"type": "function", "function": {"name": "get_weather", "arguments": "{city: Paris"}}]}]},
@@ -224,8 +257,8 @@ def test_anthropic_text_streams_and_stop_sequences(claude, reference):
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
      "invalid_request_error", "blocks of type 'image' are not supported"),
     ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error", "'system'"),
-    ({"max_tokens": 8, "messages": WEATHER, "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "any"}}, 400,
-     "invalid_request_error", "not supported yet"),
+    ({"max_tokens": 8, "messages": WEATHER, "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "tool", "name": "x"}},
+     400, "invalid_request_error", "not among the tools"),
     ({"max_tokens": 8, "messages": WEATHER, "model": "claude-x"}, 404, "not_found_error", "not found"),
 ])
 def test_bad_anthropic_requests_get_anthropic_shaped_errors(api, body, status, kind, fragment):
