@@ -71,6 +71,7 @@ DRAFTERS = {  # target, load() options
     "EAGLE-3 tree": ("qwen3", {"draft_model": "qwen3-eagle3", "tree_width": 3}),
     "DFlash block": ("qwen3", {"draft_model": "qwen3-dflash"}),
     "hybrid MTP": ("qwen3_5", {"drafter": "mtp"}),
+    "drafting off": ("qwen3", {"drafter": "off"}),
 }
 
 
@@ -89,7 +90,8 @@ def test_greedy_constrained_output_equals_plain_constrained_decoding(tiny, draft
         if name == "schema" and result.stop_reason == "eos":
             person = json.loads(result.text)
             assert set(person) == {"name", "age", "tags"} and isinstance(person["age"], int)
-    assert accepted < drafted and (accepted > 0 or drafter == "hybrid MTP")  # the random MTP layer is rarely right
+    if drafter != "drafting off":
+        assert accepted < drafted and (accepted > 0 or drafter == "hybrid MTP")  # the random MTP layer: rarely right
     assert engine.generate(prompt, max_tokens=8).tokens == plain_greedy(tiny[family], prompt, 8)  # unconstrained
     # again: the grammar ended with its generation
 
