@@ -44,9 +44,9 @@ def write_prompts(path: Path, folder: Path, count: int, seed: int) -> None:
 def run(command: list[str]) -> None:
     """Run a command, echoing its output as it comes; exits when it fails."""
     print("$", " ".join(command[2:] if command[:2] == CLI[:2] else command), flush=True)
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
-        for line in process.stdout:
-            print(line, end="", flush=True)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process:
+        for line in process.stdout:  # bytes: a progress counter's carriage returns pass through as they are
+            print(line.decode(errors="replace"), end="", flush=True)
     if process.returncode:
         sys.exit(f"train_compare: {command[3] if command[:2] == CLI[:2] else command[0]} failed "
                  f"(exit {process.returncode})")
