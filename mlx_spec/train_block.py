@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -153,6 +154,7 @@ class BlockTrainer:
             key.update(pool.tobytes())
         self.store = FeatureStore(store, int(self.offsets[-1]), length, width, key.hexdigest())
         self.computed, self.trained, self.scale = 0, 0, 1.0
+        self.target_seconds = 0.0  # spent computing features, for the target's own rate
         self.held_features = {pool: self.split(np.concatenate([self.compute(rows[i:i + 1])
                                                                for i in range(min(EVAL_ROWS, len(rows)))]))
                               for pool, rows in self.held.items()}
@@ -192,10 +194,12 @@ class BlockTrainer:
 
     def compute(self, rows: np.ndarray) -> np.ndarray:
         """The target's features of token rows (n, L): the layers read, then the final post-norm hidden state."""
+        start = time.perf_counter()
         self.target(mx.array(rows))
-        features = mx.concatenate([self.read_layers(), self.read_final()], axis=-1).astype(mx.float16)
+        features = np.array(mx.concatenate([self.read_layers(), self.read_final()], axis=-1).astype(mx.float16))
         self.computed += rows.size
-        return np.array(features)
+        self.target_seconds += time.perf_counter() - start
+        return features
 
     def split(self, features: np.ndarray) -> tuple[mx.array, mx.array]:
         """(the layers read, each feature divided by its scale; the final hidden states) of stored features."""
@@ -299,7 +303,9 @@ class BlockTrainer:
                                        f"{' '.join(f'{x:.0%}' for x in a)})" for pool, a in acceptance.items())
 
     def speed(self, seconds: float, first_step: int) -> str:
-        return f"{self.computed / seconds:.0f} target tokens/s, {self.trained / seconds:.0f} trained tokens/s"
+        """The target's own rate while it computes features (none once all are stored), the drafter's overall."""
+        target = f"{self.computed / self.target_seconds:.0f} target tokens/s" if self.target_seconds else "no target"
+        return f"{target}, {self.trained / seconds:.0f} trained tokens/s"
 
     def save(self, folder: Path, record: dict) -> None:
         """The drafter in its publisher's layout (`drafter_config`), `record` as its config's "training"."""
