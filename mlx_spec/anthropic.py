@@ -4,7 +4,8 @@ A request is read as the OpenAI chat request it means (`openai_body`: system tex
 content blocks, tools with their `input_schema`, `stop_sequences`, `output_format`), so parsing, the chat
 template, tool calls, constrained output and speculation are the OpenAI routes' own; the answer comes back as
 content blocks (text, tool_use), whole or as Anthropic's stream of events, with the same usage figures
-(drafter, acceptance) beside `input_tokens` / `output_tokens`. Errors are Anthropic-shaped: {"type": "error", "error": {"type", "message"}}.
+(drafter, acceptance) beside `input_tokens` / `output_tokens` / `cache_read_input_tokens`. Errors are
+Anthropic-shaped: {"type": "error", "error": {"type", "message"}}.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def stop_of(done: Done, calls: list, tokenizer, stops: list[str]) -> tuple[str, 
 
 def usage(done: Done, openai_usage: dict) -> dict:
     return {"input_tokens": done.stats.prompt_tokens, "output_tokens": done.stats.generated_tokens,
-            **{k: v for k, v in openai_usage.items() if not k.endswith("_tokens")}}
+            "cache_read_input_tokens": done.stats.reused_prompt_tokens,
+            **{k: v for k, v in openai_usage.items() if not k.startswith(("prompt_tokens", "completion", "total"))}}
 
 
 def message(done: Done, content: str, calls: list[dict], model: str, stop: tuple, openai_usage: dict) -> dict:

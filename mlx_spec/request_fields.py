@@ -171,7 +171,8 @@ def parse_tools(body: dict, chat: bool, tokenizer) -> tuple[list[dict] | None, G
 def usage(done: Done) -> dict:
     s = done.stats
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
-            "total_tokens": s.prompt_tokens + s.generated_tokens, "drafter": s.drafter, "draft_n": s.drafted,
-            "draft_n_accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
+            "total_tokens": s.prompt_tokens + s.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.reused_prompt_tokens}, "drafter": s.drafter,
+            "draft_n": s.drafted, "draft_n_accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
             "mean_acceptance_length": s.mean_acceptance_length, "decode_tps": s.decode_tps,
             "batch_size": s.batch_size}

@@ -221,6 +221,7 @@ def test_anthropic_messages_tool_use_and_result(api, claude, reference):
     usage, same = reply.usage.model_dump(), api[0].chat.completions.create(
         model=model, messages=WEATHER, tools=TOOLS, max_tokens=128).usage.model_dump()  # the OpenAI route's
     assert (usage["input_tokens"], usage["output_tokens"]) == (same["prompt_tokens"], same["completion_tokens"])
+    assert "cache_read_input_tokens" in usage and "prompt_tokens_details" not in usage
     assert usage["drafter"] == "draft-model" and usage["draft_n"] >= usage["draft_n_accepted"] >= 0
 
     with client.messages.stream(model=model, max_tokens=128, messages=WEATHER, tools=ANTHROPIC_TOOLS) as events:

@@ -125,6 +125,13 @@ def test_a_batch_size_of_one_decodes_one_at_a_time(tiny):
             sizes = list(pool.map(lambda i: api.completions.create(model=model, prompt=f"{PROMPT}{i}", max_tokens=8)
                                   .usage.model_dump()["batch_size"], range(4)))
         assert sizes == [1] * 4
+        first = [{"role": "user", "content": "hi"}]
+        reply = api.chat.completions.create(model=model, messages=first, max_tokens=8)
+        turn = [*first, {"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": "more"}]
+        again = api.chat.completions.create(model=model, messages=turn, max_tokens=8).usage
+        # the next turn reuses the first's prompt and answer (all but the end-of-turn token it may not have made)
+        assert again.prompt_tokens_details.cached_tokens >= reply.usage.prompt_tokens + 8 - 1
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
