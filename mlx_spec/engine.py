@@ -332,6 +332,8 @@ class Engine:
         the target's forward are each evaluated and timed on their own (slower)."""
         draft_key, verify_key = mx.random.split(key)
         start = time.perf_counter()
+        if hasattr(self.drafter, "constrain"):  # chains that follow the grammar are not drafted in vain
+            self.drafter.constrain = self.constrain_drafts if self.grammar else None
         draft = self.drafter.propose(context, draft_len, params, draft_key) if draft_len else Draft.empty()
         if draft.confidence is not None and hasattr(self.policy, "cut"):  # the drafter's own estimates shorten it
             draft = draft.first(self.policy.cut(draft.confidence.tolist()))
@@ -372,6 +374,10 @@ class Engine:
         if self.drafter:
             self.drafter.accept(context + new_tokens, verdict.accepted, step.first(verdict.accepted + 1))
         return verdict, new_tokens
+
+    def constrain_drafts(self, logits: mx.array, drafts: list[int]) -> mx.array:
+        """A drafter's logits masked by what the grammar allows after the emitted tokens and `drafts`."""
+        return self.grammar.masked_tree(logits, [drafts])
 
     def profile(self, prompt: str | list[int] | list[dict], draft_lens: list[int], rounds: int = 3,
                 params: SamplingParams = SamplingParams()) -> RoundCosts:

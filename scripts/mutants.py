@@ -116,6 +116,9 @@ MUTANTS = [
            "return self.masked_tree(logits, [drafts[:j] for j in range(logits.shape[0])])",
            "return self.masked_tree(logits, [[] for j in range(logits.shape[0])])",
            ("tests/test_grammar.py::test_greedy_constrained_output_equals_plain_constrained_decoding",)),
+    Mutant("drafters draft without the grammar", "mlx_spec/engine.py",
+           "self.drafter.constrain = self.constrain_drafts if self.grammar else None", "self.drafter.constrain = None",
+           ("tests/test_grammar.py::test_drafters_draft_within_the_grammar",)),
 ]
 
 

@@ -96,6 +96,18 @@ def test_greedy_constrained_output_equals_plain_constrained_decoding(tiny, draft
     # again: the grammar ended with its generation
 
 
+@pytest.mark.parametrize("drafter", ["draft model", "DFlash block"])
+def test_drafters_draft_within_the_grammar(tiny, drafter):
+    """Drafters that draft one token at a time from logits mask each step by the grammar (the engine's
+    `constrain`), so under a schema their drafts are not wasted: without the mask the random draft heads propose
+    what the schema forbids and about one draft in twenty is accepted."""
+    family, options = DRAFTERS[drafter]
+    engine = mlx_spec.load(str(tiny[family]), draft_len=4, draft_model=str(tiny[options["draft_model"]]))
+    result = engine.generate(engine.encode(PROMPT), max_tokens=40, grammar=Grammar(engine.tokenizer, "json_schema",
+                                                                                    PERSON))
+    assert result.stats.accepted > 0.25 * result.stats.drafted > 0
+
+
 @pytest.mark.parametrize("drafter, rank", [("draft model", 0), ("n-gram", 2)])
 def test_sampled_constrained_output_follows_the_masked_target(tiny, drafter, rank):
     """Two tokens sampled at T = 1, top-k 5, under a grammar that bans a character of the target's rank-th likeliest

@@ -31,7 +31,9 @@ class Drafter(Protocol):
     `propose(contexts, lengths, params, keys)` and `accept(contexts, accepted, hidden)` (as `RowDrafters`). One
     that reads the target's hidden states over the prompt's last positions only says how many in `hidden_tail`;
     one that reads all of them may take them chunk by chunk while the target prefills, in `absorb(first
-    position, states)` (its `begin` then gets none)."""
+    position, states)` (its `begin` then gets none). One whose chains can follow the generation's grammar has a
+    `constrain` attribute, which the engine sets for a constrained generation (else None): `constrain(logits,
+    drafts so far) -> the logits masked by what the grammar allows next` (`draft_autoregressively` applies it)."""
 
     name: str
 
@@ -98,11 +100,15 @@ class LastHiddenRows:
 
 
 def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.array], mx.array], k: int,
-                           params: SamplingParams, context: list[int], key: mx.array) -> Draft:
+                           params: SamplingParams, context: list[int], key: mx.array,
+                           constrain: Callable[[mx.array, list[int]], mx.array] | None = None) -> Draft:
     """k tokens from a model that drafts one at a time: `first_logits` (1, V) scores the first, and
-    `next_logits(token)` feeds a drafted token and scores the one after it. Lazy: no host synchronisation."""
-    tokens, dists, logits = [], [], first_logits
+    `next_logits(token)` feeds a drafted token and scores the one after it. Lazy: no host synchronisation, but
+    with `constrain` (the Drafter's), which masks each step's logits by the drafts before it (read to the host)."""
+    tokens, dists, logits, drafted_ids = [], [], first_logits, []
     for i, step_key in enumerate(mx.random.split(key, k)):
+        if constrain is not None:
+            logits = constrain(logits, drafted_ids)
         drafted = mx.concatenate(tokens) if tokens else None
         if params.greedy:  # deterministic draft: q is one-hot, so none is kept
             tokens.append(greedy_tokens(logits, params, context, drafted, start=i))
@@ -110,6 +116,8 @@ def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.arr
             dists.append(distributions(logits, params, context, drafted, start=i))
             tokens.append(sample(dists[-1], step_key))
         mx.async_eval(tokens[-1])  # start computing while the next step's graph is built
+        if constrain is not None:
+            drafted_ids.append(tokens[-1].item())
         if i < k - 1:
             logits = next_logits(tokens[-1])
     return Draft(mx.concatenate(tokens).astype(mx.int32), mx.concatenate(dists) if dists else None)

@@ -54,6 +54,7 @@ def best_first_tree(logits: mx.array, budget: int) -> Draft:
 
 class BlockDrafter:
     hidden_tail = None  # the context is every position's features
+    constrain = None  # the engine's, during a constrained generation (Drafter)
     width, no_tree = 1, None  # > 1: DDTrees of width x draft length nodes (`make_engine` sets them)
 
     def __init__(self, model: BlockDrafterModel, target_model):
@@ -137,7 +138,7 @@ class BlockDrafter:
             return self.model.to_target(logits[i:i + 1] + (markov(previous) if markov is not None else 0))
 
         draft = draft_autoregressively(position_logits(anchor, 0), lambda token: position_logits(token, next(row)),
-                                       k, params, context, key)
+                                       k, params, context, key, self.constrain)
         if "confidence_head" in self.model:  # DSpark: each position's chance of acceptance, for the policy's cut
             previous = mx.concatenate([anchor, draft.tokens[:-1]])
             draft.confidence = self.model.confidence_head(hidden, markov.markov_w1(previous))

@@ -14,6 +14,7 @@ from . import Draft, draft_autoregressively, draft_batch, grow_tree
 
 class DraftModelDrafter:
     name = "draft-model"
+    constrain = None  # the engine's, during a constrained generation (Drafter)
 
     def __init__(self, model, vocab_size: int, kv_bits: int | None = None, kv_group_size: int = 64,
                  width: int = 1):
@@ -51,7 +52,8 @@ class DraftModelDrafter:
             return Draft.empty()
         first_logits = self._logits(context[self.runner.offset:])
         if self.width == 1:
-            return draft_autoregressively(first_logits, self._logits, k, params, context, key)  # the last is not fed
+            return draft_autoregressively(first_logits, self._logits, k, params, context, key,  # the last is not fed
+                                          self.constrain)
         self.tree = self._expand(first_logits, k, len(context))
         return self.tree
 

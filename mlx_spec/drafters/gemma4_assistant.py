@@ -37,6 +37,7 @@ def shared_kv_sources(target_model) -> dict[str, int]:
 
 class AssistantDrafter:
     name = "assistant"
+    constrain = None  # the engine's, during a constrained generation (Drafter)
     hidden_tail = 1  # of the prompt's hidden states it reads the last only
 
     def __init__(self, assistant: Gemma4Assistant, target: Target):
@@ -71,7 +72,7 @@ class AssistantDrafter:
             return Draft.empty()
         self.kv, self.position, self.hidden = self.shared_kv(), len(context) - 1, self.last_hidden[None]
         first_logits = self._step(mx.array(context[-1:], dtype=mx.int32))
-        return draft_autoregressively(first_logits, self._step, k, params, context, key)
+        return draft_autoregressively(first_logits, self._step, k, params, context, key, self.constrain)
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         self.last_hidden = step.hidden[-1:]  # at the last accepted position, whose logits gave context[-1]

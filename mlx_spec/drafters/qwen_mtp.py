@@ -39,6 +39,7 @@ def window(pending: list[tuple[list[int], mx.array]], tail: int | None) -> tuple
 
 class MTPDrafter:
     name = "mtp"
+    constrain = None  # the engine's, during a constrained generation (Drafter)
     hidden_tail = PROMPT_ROWS
 
     def __init__(self, mtp, embed, head):
@@ -102,7 +103,7 @@ class MTPDrafter:
         self._catch_up()
         if self.next_logits is None:
             return Draft.empty()
-        return draft_autoregressively(self.next_logits, self._draft_step, k, params, context, key)
+        return draft_autoregressively(self.next_logits, self._draft_step, k, params, context, key, self.constrain)
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         if self.draft_rows:
