@@ -355,7 +355,7 @@ class Engine:
         if draft.parents is None:
             logits = step.logits if self.grammar is None else self.grammar.masked(step.logits, draft.tokens.tolist())
             accepted, next_token = verify_draft(draft, logits, params, context, verify_key)
-            mx.eval(draft.tokens, accepted, next_token)  # the round's only host synchronisation
+            mx.eval(draft.tokens, accepted, next_token)  # the round's only host synchronisation (but a grammar's)
             accepted = accepted.item()
             self.target.rollback(draft_len - accepted)
             new_tokens = draft.tokens[:accepted].tolist() + [next_token.item()]

@@ -1,8 +1,8 @@
 """Constrained decoding: a JSON schema, any JSON object, a regular expression or a Lark grammar, through
 llguidance (Rust; wheels for macOS arm64 and Linux; what llama.cpp, vLLM and SGLang use). Chosen over xgrammar,
 which needs PyTorch (and Triton on Linux) for its masks, and outlines-core, which compiles regular languages only
-(no recursive JSON): llguidance masks any context-free grammar in tens of microseconds a token, rolls back, and
-computes the masks along a run of draft tokens in one call, which exact speculation needs.
+(no recursive JSON): llguidance masks any context-free grammar in tens of microseconds a token and rolls back,
+which masking the positions along a run of drafts needs.
 
 Exactness under speculation: at every verified position the target's logits are masked by the grammar state
 reached along that position's own path (the drafts before it, or a tree node's ancestors), so greedy output
@@ -66,16 +66,16 @@ class Grammar:
     """One generation's constraint: `masked(logits, drafts)` masks the target's rows at the positions after
     each prefix of `drafts`, `masked_tree` those of a tree's nodes, `advance(tokens)` commits what was emitted."""
 
-    def __init__(self, tokenizer, kind: str, value):
+    def __init__(self, tokenizer, kind: str, value, what: str | None = None):
         """`kind` one of KINDS and its `value` (a schema, a regular expression, a Lark grammar; ignored for
-        json_object); a SpecError when it cannot be used."""
+        json_object); a SpecError when it cannot be used, naming it as `what` says (default: its kind)."""
         import llguidance
 
         text = grammar_text(kind, value)
         self.tokenizer = ll_tokenizer(tokenizer)
         failed, problems = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
         if failed:
-            raise SpecError(f"the {kind.replace('_', ' ')} cannot be used: {first_line(problems[0])}")
+            raise SpecError(f"{what or 'the ' + kind.replace('_', ' ')} cannot be used: {first_line(problems[0])}")
         self.matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
         self.vocab = self.tokenizer.vocab_size
         self.words, self.eos = (self.vocab + 31) // 32, end_tokens(tokenizer)

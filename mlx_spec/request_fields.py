@@ -163,7 +163,7 @@ def parse_tools(body: dict, chat: bool, tokenizer) -> tuple[list[dict] | None, G
         return tools, None
     try:
         return tools, Grammar(tokenizer, "lark", forced_calls(tokenizer, tools, choice["function"]["name"]
-                                                              if named else None))
+                                                              if named else None), "the tools' parameters")
     except SpecError as e:
         raise APIError(400, f"'tool_choice': {e}", "tool_choice") from None
 

@@ -159,6 +159,8 @@ def test_parallel_calls_and_plain_answers_with_every_drafter(api, reference):
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "not both",
      "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "'tool_choice' must be", "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+      "tool_choice": "required"}, "the tools' parameters cannot be used", "tool_choice"),
     ({"messages": [*WEATHER, {"role": "assistant", "content": None, "tool_calls": [
         {"type": "function", "function": {"name": "get_weather", "arguments": "{city: Paris"}}]}]},
      "are not JSON", "messages"),
