@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--timeout", type=float, default=600, help="seconds a request may run (default 600)")
     srv.add_argument("--batch-size", type=int, help=f"concurrent requests decoded together (default: {SERVE_BATCH}, "
                      "or fewer when memory is short; 1 where the model or drafter cannot batch)")
+    srv.add_argument("--prompt-cache-gb", type=float, help="memory for earlier conversations' caches, so that their "
+                     "next turns run only their new tokens (default: a quarter of the memory available; 0: none)")
 
     trn = commands.add_parser("train-mtp", help="train an MTP head for a model that has none (Llama, Qwen2/3, "
                                                 "Mistral, SmolLM), on this machine (= train-drafter --kind mtp)")

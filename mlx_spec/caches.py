@@ -19,6 +19,7 @@ import functools
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
@@ -135,6 +136,25 @@ def make_caches(model, slack: int, kv_bits: int | None = None, kv_group_size: in
             cache = RecurrentCache(len(cache.cache))
         caches.append(cache)
     return caches
+
+
+def snapshot(caches: list) -> list:
+    """What the caches hold now, apart from them (`restore` puts it back into fresh ones of the same layout):
+    nothing is copied, and what they write afterwards leaves it as it is."""
+    return [compat.cache_state(cache) for cache in caches]
+
+
+def restore(caches: list, held: list) -> None:
+    """Make fresh caches (`make_caches` of the same model and settings) hold what `snapshot` took."""
+    for cache, state in zip(caches, held, strict=True):
+        compat.set_cache_state(cache, state)
+        if isinstance(cache, RecurrentCache):
+            cache.release()
+
+
+def held_bytes(held) -> int:
+    """The bytes of the arrays in `held` (nested lists, tuples and dicts)."""
+    return sum(leaf.nbytes for _, leaf in tree_flatten(held) if isinstance(leaf, mx.array))
 
 
 def unsupported_cache(caches: list) -> str | None:

@@ -347,6 +347,8 @@ def remote_chat(args) -> int:
 
 
 def serve(args) -> int:
+    import psutil
+
     from .server import Server, check_port, serve
 
     for value, flag, least in ((args.port, "--port", 0), (args.max_tokens, "--max-tokens", 1),
@@ -357,6 +359,8 @@ def serve(args) -> int:
         raise SpecError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     if args.batch_size is not None and args.batch_size < 1:
         raise SpecError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.prompt_cache_gb is not None and not 0 <= args.prompt_cache_gb < 1e6:
+        raise SpecError(f"--prompt-cache-gb must be a number of GB >= 0, got {args.prompt_cache_gb}")
     check_port(args.host, args.port)
     defaults = sampling_params(args)
     engine = load_engine(args)
@@ -367,6 +371,11 @@ def serve(args) -> int:
         print(f"serve: one request at a time: {problem}", file=sys.stderr)
     elif args.batch_size is None:
         batch_size = min(SERVE_BATCH, engine.largest_batch(args.max_tokens + 2048))
+    budget = (psutil.virtual_memory().available // 4 if args.prompt_cache_gb is None
+              else int(args.prompt_cache_gb * 1e9))
+    engine.cache_prompts(budget)
+    print(f"serve: prompt cache: {f'up to {budget / 1e9:.1f} GB of earlier conversations' if budget else 'off'} "
+          "(--prompt-cache-gb)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"mlx-spec: warning: serving on {args.host} without --api-key: anyone who can reach this port can "
               "use the model", file=sys.stderr)

@@ -29,6 +29,8 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
   and converts the Hugging Face tensors of every layer below `num_hidden_layers` (the nextn block goes through it
   as layer 0), and DeepSeek-V3's, which drops the nextn layer only at index 61 (`drop_nextn_layers` drops it at
   any depth);
+- for the prompt cache across conversations: each cache's `state`, the arrays and numbers that place them
+  (`cache_state`), which set on a fresh cache of the same type makes it hold the same positions;
 - for tool calls: the tokenizer wrapper's `has_tool_calling`, `tool_call_start`, `tool_call_end` and `tool_parser`
   (`parse(text, tools)` -> {"name", "arguments"} or a list of them), which mlx-lm infers per model family from
   the chat template (`tool_call_format`).
@@ -47,6 +49,7 @@ import inspect
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_map
 from mlx_lm.models import gemma4_text, llama, qwen3, qwen3_5, qwen3_next, rope_utils
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
@@ -81,6 +84,32 @@ def write_index(cache: RotatingKVCache) -> int:
 
 def set_write_index(cache: RotatingKVCache, index: int) -> None:
     cache._idx = index
+
+
+def cache_state(cache) -> tuple:
+    """What a cache holds, as mlx-lm's `state` (arrays and the numbers that place them), every array a handle of
+    its own: what the cache writes afterwards leaves it as it is (MLX copies a buffer something else still reads
+    before writing into it)."""
+    return tree_map(lambda x: x[...] if isinstance(x, mx.array) else x, cache.state)
+
+
+def set_cache_state(cache, state: tuple) -> None:
+    """Make a fresh cache of the type `state` came from hold what it held (`state` stays as it is)."""
+    cache.state = tree_map(lambda x: x[...] if isinstance(x, mx.array) else x, state)
+
+
+def check_cache_state() -> None:
+    for cache, fresh in ((KVCache(), KVCache()), (RotatingKVCache(max_size=4), RotatingKVCache(max_size=4))):
+        for t in range(6):
+            step = mx.full((1, 1, 1, 1), float(t))
+            cache.update_and_fetch(step, step)
+        held = cache_state(cache)
+        cache.update_and_fetch(mx.full((1, 1, 1, 1), 9.0), mx.full((1, 1, 1, 1), 9.0))
+        set_cache_state(fresh, held)
+        fresh.update_and_fetch(mx.full((1, 1, 1, 1), 6.0), mx.full((1, 1, 1, 1), 6.0))
+        keys = fresh.update_and_fetch(mx.full((1, 1, 1, 1), 7.0), mx.full((1, 1, 1, 1), 7.0))[0]
+        if fresh.offset != 8 or sorted(keys[0, 0, -3:, 0].tolist()) != [5.0, 6.0, 7.0]:
+            raise broken(f"{type(cache).__name__}.state (no longer everything a fresh cache needs to continue)")
 
 
 def swap_class(obj, cls) -> None:
@@ -288,6 +317,7 @@ def positions(values: mx.array):
 def check() -> None:
     """Run every reliance point above on tiny layers; raise SpecError naming what changed."""
     check_rotating_cache()
+    check_cache_state()
     check_gdn()
     params = list(inspect.signature(gemma4_text.DecoderLayer.__call__).parameters)
     if params[:4] != ["self", "x", "mask", "cache"] or not {"shared_kv", "offset"} <= set(params):

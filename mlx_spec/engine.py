@@ -21,6 +21,7 @@ from .errors import SpecError
 from .events import Done, Result, Round, Text, Token, collect, emit
 from .grammar import Grammar
 from .policy import AdaptiveDraftLength, FixedDraftLength
+from .prompt_cache import PromptCache
 from .prompts import prompt_text, render_prompt
 from .sampling import SamplingParams, token_logprobs
 from .stats import Stats
@@ -29,6 +30,7 @@ from .target import MAX_DRAFT_LEN, Interrupted, Step, Target
 from .verify import verify_draft, verify_tree
 
 
+CHATS = 64  # chats whose tokens an engine keeps, to encode the next turn of each exactly as it ran
 UNTIMED_ROUNDS = 3  # a generation's first rounds, whose times the draft-length policy does not learn from
 
 
@@ -102,7 +104,8 @@ class Engine:
         self.tree_width = getattr(drafter, "width", 1)  # > 1: the drafter drafts trees, a round's width chosen by
         # the policy (the adaptive one also tries chains)
         self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
-        self.conversation: tuple[str, list[int]] = ("", [])  # the last chat answered, as text and as tokens
+        self.conversations: list[tuple[str, list[int]]] = []  # the last chats answered, as text and as tokens
+        self.prompt_cache: PromptCache | None = None  # sequences kept besides the live one (None: none)
         self.stop_requested = False
         self.grammar: Grammar | None = None  # the running generation's constraint
         self.logprobs: int | None = None  # the running generation's: None, or how many likeliest tokens besides
@@ -146,13 +149,23 @@ class Engine:
                             shape(self.drafter, self.tree_width),
                             getattr(policy, "draft_len", None) if self.drafter else 0)
 
+    def cache_prompts(self, budget: int) -> None:
+        """Keep the sequences generations ran, besides the last, in at most `budget` bytes (0: none), so that a
+        prompt extending any of them runs only its new tokens (prompt_cache.py); engines made by `with_drafter`
+        afterwards share them."""
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise SpecError(f"the prompt cache's budget must be a whole number of bytes >= 0, got {budget!r}")
+        self.prompt_cache = PromptCache(budget) if budget else None
+
     def with_drafter(self, drafter: str) -> "Engine":
         """Another engine on the same target weights (loaded once), drafting with `drafter` ("off": none)."""
         if self.sibling is None:
             raise SpecError("this engine was built without a loader: make it with mlx_spec.load to switch drafters")
         if drafter not in self.drafters:
             raise SpecError(f"drafter {drafter!r} is not available here: choose one of {', '.join(self.drafters)}")
-        return self.sibling(drafter)
+        engine = self.sibling(drafter)
+        engine.prompt_cache = self.prompt_cache  # the same weights: the same sequences serve both
+        return engine
 
     def encode(self, prompt: str | list[int] | list[dict]) -> list[int]:
         """Token ids: a text as it is (no chat template), ids unchanged, a chat through the chat template."""
@@ -161,16 +174,17 @@ class Engine:
     def encode_chat(self, prompt: str | list[int] | list[dict],
                     tools: list[dict] | None = None) -> tuple[list[int], str | None]:
         """(token ids, the rendered chat or None); a chat is rendered with the `tools` it may call. A chat that
-        extends the last one this engine answered keeps that one's tokens exactly as they were prefilled and
-        generated (text re-encoded may split differently), so the cache serves all of them."""
+        extends one of the last CHATS this engine answered keeps that one's tokens exactly as they were prefilled
+        and generated (text re-encoded may split differently), so the cache serves all of them."""
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             if not prompt:
                 raise SpecError("the prompt is empty: give some text to continue")
             return list(prompt), None
         if isinstance(prompt, list):
             rendered, templated = prompt_text(self.tokenizer, prompt, tools=tools)
-            said, ids = self.conversation
-            if templated and ids and rendered.startswith(said):
+            said, ids = max(((said, ids) for said, ids in self.conversations if rendered.startswith(said)),
+                            key=lambda chat: len(chat[0]), default=("", []))
+            if templated and ids:
                 return ids + self.tokenizer.encode(rendered[len(said):], add_special_tokens=False), rendered
             return render_prompt(self.tokenizer, prompt, tools=tools), rendered if templated else None
         return render_prompt(self.tokenizer, prompt, raw=True, tools=tools), None
@@ -197,13 +211,15 @@ class Engine:
                             "process")
         if self.lockstep:  # the other ranks run this generation too
             self.lockstep.begin(self, context, params, max_tokens, list(stop), seed)
-        prompt_ids, self.conversation = list(context), ("", [])
+        prompt_ids = list(context)
         self.stop_requested = False
         self.policy = self.policy_now()
         stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
         mx.reset_peak_memory()
         start = time.perf_counter()
         cached, self.cached_context = self.cached_context, []  # unknown while the prefill runs
+        if self.prompt_cache is not None:
+            cached = self.prompt_cache.switch(self.target, self.drafter, cached, context[:-1])
         try:
             prompt_step = self.target.prefill(context[:-1], cached, hidden=self.policy.drafts_at(1),
                                               interrupted=lambda: not self.lockstep and (self.stop_requested
@@ -217,6 +233,8 @@ class Engine:
         stats.reused_prompt_tokens = prompt_step.start
         if self.drafter:
             self.drafter.begin(context, prompt_step)
+        if self.prompt_cache is not None and not self.target.cuttable:  # a point the next turn can reuse
+            self.prompt_cache.store(self.prompt_cache.take(self.target, self.drafter, context[:-1]), False)
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
 
@@ -262,7 +280,8 @@ class Engine:
         stats.drafter_report = self.drafter.report() if hasattr(self.drafter, "report") else ""
         stats.record_memory()
         if chat is not None and stop_reason != "stop_string":  # tokens past a stop string are not in the text
-            self.conversation = (chat + text.text, prompt_ids + generated[: len(generated) - (stop_reason == "eos")])
+            said = (chat + text.text, prompt_ids + generated[: len(generated) - (stop_reason == "eos")])
+            self.conversations = [c for c in self.conversations if c[0] != said[0]][-CHATS + 1:] + [said]
         if self.lockstep:
             self.lockstep.end()
         yield Done(stop_reason, text.text, generated, stats)

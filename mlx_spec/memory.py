@@ -11,6 +11,8 @@ import mlx.core as mx
 import psutil
 from mlx.utils import tree_flatten
 
+from .caches import held_bytes
+
 
 @dataclass
 class MemoryReport:
@@ -24,6 +26,8 @@ class MemoryReport:
     system_total: int
     pressure: str  # "normal", "warn" or "critical"
     pressure_detail: str
+    prompt_cache: int = 0  # the sequences the prompt cache keeps besides the live one (`Engine.cache_prompts`)
+    prompt_cache_budget: int = 0  # what they may take
 
     @property
     def high(self) -> bool:
@@ -35,10 +39,7 @@ def parameter_bytes(module) -> int:
 
 
 def cache_bytes(caches) -> int:
-    total = 0
-    for cache in caches or []:
-        total += sum(x.nbytes for _, x in tree_flatten(cache.state) if isinstance(x, mx.array))
-    return total
+    return held_bytes([cache.state for cache in caches or []])
 
 
 # Thresholds: see classify_pressure's docstring for why these values.
@@ -138,6 +139,8 @@ def report(engine) -> MemoryReport:
     kv = cache_bytes(engine.target.cache) + cache_bytes(getattr(drafter, "caches", None))
     vm = psutil.virtual_memory()
     level, detail = pressure()
+    stored = engine.prompt_cache
     return MemoryReport(parameter_bytes(engine.target.model), parameter_bytes(getattr(drafter, "weights", None)), kv,
                         mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory(),
-                        vm.available, vm.total, level, detail)
+                        vm.available, vm.total, level, detail, stored.nbytes if stored else 0,
+                        stored.budget if stored else 0)

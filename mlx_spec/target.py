@@ -9,8 +9,8 @@ import mlx.core as mx
 import numpy as np
 
 from . import compat
-from .caches import (RecurrentCache, check_trees, keep, make_caches, rollback, tree_forward, trimmable,
-                     unsupported_cache, verifies_trees)
+from .caches import (RecurrentCache, check_trees, keep, make_caches, restore, rollback, snapshot, tree_forward,
+                     trimmable, unsupported_cache, verifies_trees)
 from .errors import SpecError
 from .models import qwen3_5
 
@@ -149,19 +149,33 @@ class Target:
                 logits = self.model(tokens[None], cache=self.cache)[0]
         return Step(logits, self.read_hidden()[0] if self.read_hidden else None)
 
-    def reusable(self, cached: list[int], tokens: list[int]) -> int:
+    def reusable(self, cached: list[int], tokens: list[int], held: int | None = None) -> int:
         """How many leading cached positions (`cached`: what the cache holds, or less when unknown) can stay for
         a prefill of `tokens`: their common prefix, if the cache can be cut back to it, leaving at least one
-        token to run."""
+        token to run. `held`: the positions a stored cache holds (`snapshot`), asked of instead of this one's."""
+        held = self.offset if held is None else held
         common = 0
-        for a, b in zip(cached[:self.offset], tokens[:-1]):
+        for a, b in zip(cached[:held], tokens[:-1]):
             if a != b:
                 break
             common += 1
-        if common == self.offset:
-            return common
-        # a cut-back cache would leave drafters that read hidden states without those of the cut positions
-        return common if trimmable(self.cache) and self.read_hidden is None else 0
+        return common if common == held or self.cuttable else 0
+
+    @property
+    def cuttable(self) -> bool:
+        """Whether the cache can be cut back to any prefix: full KV only, and not for drafters that read hidden
+        states (they would lack those of the cut positions)."""
+        return trimmable(self.cache) and self.read_hidden is None
+
+    def snapshot(self) -> list:
+        """What the cache holds now (`caches.snapshot`), for `restore`."""
+        return snapshot(self.cache)
+
+    def restore(self, held: list, offset: int) -> None:
+        """Make the cache hold what `snapshot` took when it held `offset` positions."""
+        self.reset()
+        restore(self.cache, held)
+        self.offset = offset
 
     def prefill(self, tokens: list[int], cached: list[int] = (), hidden: bool = True,
                 interrupted: Callable[[], bool] = lambda: False,

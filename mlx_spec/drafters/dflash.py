@@ -21,6 +21,7 @@ from heapq import heappop, heappush
 import mlx.core as mx
 
 from .. import compat
+from ..caches import restore, snapshot
 from ..models.dflash import BlockDrafterModel
 from ..sampling import SamplingParams
 from ..target import PREFILL_CHUNK, Step
@@ -82,6 +83,17 @@ class BlockDrafter:
         if not 0 < position == self.start <= reused:
             self.caches = self.model.make_cache()
         self.start = position
+
+    def hold(self) -> tuple:
+        """Its context for the sequence the target's cache holds (`prompt_cache`)."""
+        return snapshot(self.caches), list(self.pending), self.start
+
+    def resume(self, held: tuple | None) -> None:
+        """Take back a context `hold` gave; None: start afresh where the target's cache ends."""
+        self.caches, self.pending, self.start = self.model.make_cache(), [], 0
+        if held is not None:
+            restore(self.caches, held[0])
+            self.pending, self.start = list(held[1]), held[2]
 
     def absorb(self, start: int, hidden: mx.array) -> None:
         """The features of a prefill chunk from position `start` join the context as the target runs it."""

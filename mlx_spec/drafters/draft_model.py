@@ -46,6 +46,16 @@ class DraftModelDrafter:
         self.runner.prefill(context[:-1], self.context)  # reuses the prefix it already holds
         self.context, self.proposed_from, self.tree = context, self.runner.offset, None
 
+    def hold(self) -> tuple:
+        """Its cache and context for the sequence the target's cache holds (`prompt_cache`)."""
+        return self.runner.snapshot(), self.runner.offset, list(self.context)
+
+    def resume(self, held: tuple | None) -> None:
+        """Take back what `hold` gave (None: keep its own sequence, which `begin` reuses what it can of)."""
+        if held is not None:
+            self.runner.restore(held[0], held[1])
+            self.context = list(held[2])
+
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
         self.proposed_from, self.tree = len(context), None
         if k == 0:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..caches import make_caches, rollback
+from ..caches import make_caches, restore, rollback, snapshot
 from ..ragged import RaggedBatch
 from ..sampling import SamplingParams
 from ..target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
@@ -61,7 +61,7 @@ class MTPDrafter:
         drafters), the rows already built for the prefix stay and its last one is rebuilt."""
         hidden = prompt_step.hidden
         first = len(context) - 1 - hidden.shape[0] if hidden is not None else len(context) - 1  # its position
-        if 0 < first == prompt_step.start:
+        if 0 < first == prompt_step.start and self.last_hidden is not None:
             self._catch_up()  # the previous sequence's rows, up to the reused prefix's last position
             rollback(self.caches, 1, self.caches[0].offset)  # it paired that position with another next token
             hidden, first = mx.concatenate([self.last_hidden, hidden]), first - 1
@@ -75,6 +75,18 @@ class MTPDrafter:
             mx.eval([c.state for c in self.caches])
         if len(context) > 1 and hidden is not None:
             self.last_hidden = hidden[-1:]
+
+    def hold(self) -> tuple:
+        """Its state for the sequence the target's cache holds (`prompt_cache`): rows, and verified states
+        without rows yet."""
+        return snapshot(self.caches), list(self.pending), self.last_hidden
+
+    def resume(self, held: tuple | None) -> None:
+        """Take back a state `hold` gave; None: start afresh where the target's cache ends."""
+        self.caches, self.pending, self.last_hidden = make_caches(self.mtp, MAX_DRAFT_LEN + 1), [], None
+        if held is not None:
+            restore(self.caches, held[0])
+            self.pending, self.last_hidden = list(held[1]), held[2]
 
     def _rows(self, tokens, hidden: mx.array) -> mx.array:
         """Append MTP rows pairing embed(tokens[i]) with hidden[i]; returns the last row's logits."""

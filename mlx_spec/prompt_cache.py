@@ -1,0 +1,82 @@
+"""The prompt cache across conversations: sequences a target ran, kept within a memory budget.
+
+A target's cache holds one sequence, the live one; a prompt that extends it runs only its new tokens. With a
+`PromptCache`, a prompt that a stored sequence serves better (a longer prefix the cache can reuse) gets that
+one: the live sequence is stored and the stored one restored. Nothing is copied to store or restore (a snapshot
+holds the cache's arrays; MLX copies a buffer something else still reads before it writes into it), so a cache
+copies its buffers once, at its first write after either. A live sequence about to be cut back to a shorter
+prefix is stored first. Targets whose cache cannot be cut back at all (recurrent or sliding-window layers) also
+store each prompt's state once it is prefilled: a conversation's next turn extends its prompt, though not always
+the answer as it was generated (a chat template may render it otherwise).
+
+A drafter with a per-sequence state of its own (a draft model's cache, an MTP layer's or EAGLE-3 head's rows, a
+block drafter's context) stores it with the sequence (`hold()`) and takes it back (`resume(held)`) when that
+sequence is restored whole; otherwise `resume(None)` makes it start afresh where the target's cache ends. The
+least recently used sequences go when the stored ones would take more than the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .caches import held_bytes
+
+
+@dataclass
+class Stored:
+    tokens: list[int]  # the positions the target's cache held
+    target: list  # its `Target.snapshot()`
+    drafter: object  # the drafter whose state `held` is, or None
+    held: object  # that drafter's `hold()`
+    nbytes: int = 0
+
+
+class PromptCache:
+    """Stored sequences, least recently used first, taking at most `budget` bytes (the live sequence aside).
+    Engines on the same target weights may share one (`Engine.with_drafter`): a drafter only takes back a state
+    it stored itself."""
+
+    def __init__(self, budget: int):
+        self.budget, self.stored = budget, []
+
+    @property
+    def nbytes(self) -> int:
+        return sum(entry.nbytes for entry in self.stored)
+
+    def take(self, target, drafter, tokens: list[int]) -> Stored:
+        """What `target`'s cache holds now, the positions of `tokens`, and `drafter`'s state (None: none)."""
+        held = drafter.hold() if hasattr(drafter, "hold") else None
+        entry = Stored(list(tokens), target.snapshot(), drafter if held is not None else None, held)
+        entry.nbytes = held_bytes([entry.target, held])
+        return entry
+
+    def store(self, entry: Stored, cuttable: bool) -> None:
+        """Keep `entry` as the most recently used, dropping the least recently used beyond the budget; `cuttable`:
+        the target's cache can be cut back, so a stored prefix of `entry` serves nothing it does not."""
+        self.stored = [old for old in self.stored if old.tokens != entry.tokens
+                       and not (cuttable and entry.tokens[:len(old.tokens)] == old.tokens)]
+        self.stored.append(entry)
+        while self.stored and self.nbytes > self.budget:
+            self.stored.pop(0)
+
+    def switch(self, target, drafter, live: list[int], tokens: list[int]) -> list[int]:
+        """Before a prefill of `tokens`: what `target`'s cache will hold (`live`, or a stored sequence that serves
+        `tokens` better, restored, with `drafter`'s state as the module says)."""
+        here, best, reach = target.reusable(live, tokens), None, 0
+        for entry in self.stored:
+            if (n := target.reusable(entry.tokens, tokens, len(entry.tokens))) > max(here, reach):
+                best, reach = entry, n
+        live = live[:target.offset]
+        if best is None:
+            if here < len(live):  # about to be cut back
+                self.store(self.take(target, drafter, live), target.cuttable)
+            return live
+        current = self.take(target, drafter, live) if live else None
+        target.restore(best.target, len(best.tokens))
+        if hasattr(drafter, "resume"):
+            drafter.resume(best.held if best.drafter is drafter and reach == len(best.tokens) else None)
+        self.stored.remove(best)
+        self.stored.append(best)
+        if current:
+            self.store(current, target.cuttable)
+        return best.tokens
