@@ -119,11 +119,13 @@ def largest_batch(model, tokens_per_row: int, available: int, kv_bits: int | Non
 class BatchedDecoder:
     def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4,
                  read_hidden=None, kv_bits: int | None = None, kv_group_size: int = 64,
-                 hidden_tail: int | None = None):
+                 hidden_tail: int | None = None, prefixes=None):
         """drafter: one whose `batched(target_batch)` drafts for a batch (given the target's RaggedBatch; None:
         plain batched decoding); draft_len: pinned, or None for the adaptive policy per batch size; read_hidden:
         the target's hidden states after a forward (`target.hidden_reader`), for drafters that read them, over
-        each prompt's last `hidden_tail` positions (None: all); kv_bits: the target's keys and values quantized."""
+        each prompt's last `hidden_tail` positions (None: all); kv_bits: the target's keys and values quantized;
+        prefixes: the prompt cache (`prompt_cache.RowPrefixes`), which serves rows their prompts' cached prefixes
+        and keeps what they hold when they finish (None: none)."""
         if problem := batch_problem(model, drafter):
             raise SpecError(f"{problem}: use a batch size of 1")
         check_batches()
@@ -135,6 +137,7 @@ class BatchedDecoder:
         self.policy = (BatchDraftLength(max_draft_len) if draft_len is None and drafter
                        else FixedDraftLength(draft_len if drafter else 0))
         self.name = drafter.name if drafter else "off"
+        self.prefixes = prefixes
 
     def run(self, jobs: Iterable[Job], batch_size: int) -> Iterator[tuple[int, Result]]:
         """Decode every job, at most `batch_size` at a time; yields (its index in `jobs`, its Result) as each
@@ -174,8 +177,9 @@ class BatchedDecoder:
                     row.stop_reason = "stopped"
             if any(row.stop_reason for row in rows):
                 staying = [i for i, row in enumerate(rows) if not row.stop_reason]
-                for row in rows:
+                for i, row in enumerate(rows):
                     if row.stop_reason:
+                        self._store(batch, i, row.context)
                         yield from ((row.key, event) for event in row.finish())
                 batch.select(staying)
                 if drafters:
@@ -195,10 +199,13 @@ class BatchedDecoder:
                 pin = row.job.draft_len  # model's prefill), unless drafting does not pay here
                 row.ready = self.policy.drafts_at(len(rows) + len(joining)) if pin is None else pin > 0
                 row.read_hidden = self.read_hidden if row.ready else None
+                row.prefill = self._cached(row)
         if not rows and not batch.recurrent:
             for group in together([row for row in waiting if row.read_hidden is None and row.prefill is None
                                    and len(row.job.prompt) <= PREFILL_CHUNK]):
                 prefilled = RaggedBatch.prefilled(self.model, [row.job.prompt[:-1] for row in group], **self.kv)
+                for i, row in enumerate(group):
+                    self._store(prefilled, i, row.job.prompt[:-1], prompt=True)
                 batch.join(prefilled)
                 for row in group:
                     joining.remove(row)
@@ -213,9 +220,25 @@ class BatchedDecoder:
             return
         for row in [row for row in joining if row.prefilled]:
             joining.remove(row)
+            self._store(row.prefill, 0, row.job.prompt[:-1], prompt=True)
             batch.join(row.prefill)
             self._joined(drafters, rows, row, mx.concatenate(row.prefill.hidden) if row.prefill.hidden else None)
             row.prefill = None
+
+    def _cached(self, row: Row) -> RaggedBatch | None:
+        """A one-row batch holding the start of `row`'s prompt that the prompt cache serves (None: none does)."""
+        tail = (self.hidden_tail if row.read_hidden else 0) if self.read_hidden else 0
+        found = self.prefixes and self.prefixes.find(row.job.prompt[:-1], tail)
+        if not found:
+            return None
+        row.stats.reused_prompt_tokens = found[1]
+        return RaggedBatch.holding(self.model, *found, **self.kv)
+
+    def _store(self, batch: RaggedBatch, index: int, tokens: list[int], prompt: bool = False) -> None:
+        """Keep what row `index` of `batch` holds (of `tokens`) in the prompt cache; `prompt`: a prompt just
+        prefilled, kept where the target's cache cannot be cut back (a point the next turn may reuse)."""
+        if self.prefixes and tokens and (not prompt or not self.prefixes.target.cuttable):
+            self.prefixes.store(tokens[:int(batch.offsets[index])], batch.row_positions(index))
 
     def _joined(self, drafters, rows: list[Row], row: Row, hidden: mx.array | None) -> None:
         """`row`, its prompt now in the batch's cache, joins the rows (and its drafter, with `hidden`)."""

@@ -19,7 +19,7 @@ import functools
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
@@ -150,6 +150,38 @@ def restore(caches: list, held: list) -> None:
         compat.set_cache_state(cache, state)
         if isinstance(cache, RecurrentCache):
             cache.release()
+
+
+def held_positions(caches: list, held: list, n: int, slack: int) -> list:
+    """The first `n` positions of a snapshot `held` (of caches like `caches`, fresh ones, which this fills), per
+    layer in order: full attention's keys and values (1, H, n, D) (quantized: their parts), a sliding window's of
+    its last window + 1 positions (its caches have `slack` slots beyond the window), a recurrent layer's [conv
+    window, state]. Only full attention gives fewer positions than the snapshot holds."""
+    restore(caches, held)
+    layers = []
+    for cache in caches:
+        if isinstance(cache, RecurrentCache):
+            layers.append(list(cache.cache))
+        elif isinstance(cache, RotatingKVCache):
+            layers.append(visible_kv(cache, cache.max_size - slack + 1))
+        else:
+            layers.append(tree_map(lambda buffer: buffer[..., :n, :], (cache.keys, cache.values)))
+    return layers
+
+
+def snapshot_of(caches: list, layers: list, n: int) -> list:
+    """A snapshot (as `snapshot` takes) of caches like `caches` (fresh ones, which this fills) holding `n`
+    positions, given per layer as `held_positions` gives them (a sliding window's: its last ones, or more)."""
+    for cache, layer in zip(caches, layers, strict=True):
+        if isinstance(cache, RecurrentCache):
+            cache.cache = list(layer)
+        elif isinstance(cache, RotatingKVCache):
+            cache.keys, cache.values = (part[..., -cache.max_size:, :] for part in layer)
+            cache.offset = n
+            set_write_index(cache, cache.keys.shape[2])
+        else:
+            (cache.keys, cache.values), cache.offset = layer, n
+    return snapshot(caches)
 
 
 def held_bytes(held) -> int:

@@ -21,7 +21,7 @@ from .errors import SpecError
 from .events import Done, Result, Round, Text, Token, collect, emit
 from .grammar import Grammar
 from .policy import AdaptiveDraftLength, FixedDraftLength
-from .prompt_cache import PromptCache
+from .prompt_cache import PromptCache, RowPrefixes
 from .prompts import prompt_text, render_prompt
 from .sampling import SamplingParams, token_logprobs
 from .stats import Stats
@@ -279,12 +279,19 @@ class Engine:
         stats.policy = self.policy.note
         stats.drafter_report = self.drafter.report() if hasattr(self.drafter, "report") else ""
         stats.record_memory()
-        if chat is not None and stop_reason != "stop_string":  # tokens past a stop string are not in the text
-            said = (chat + text.text, prompt_ids + generated[: len(generated) - (stop_reason == "eos")])
-            self.conversations = [c for c in self.conversations if c[0] != said[0]][-CHATS + 1:] + [said]
+        done = Done(stop_reason, text.text, generated, stats)
+        self.remember_chat(chat, prompt_ids, done)
         if self.lockstep:
             self.lockstep.end()
-        yield Done(stop_reason, text.text, generated, stats)
+        yield done
+
+    def remember_chat(self, chat: str | None, prompt: list[int], done: Done) -> None:
+        """Keep the tokens a chat (`chat`: as rendered, None: not a chat) and its answer ran as, so that its next
+        turn is encoded as they were (`encode_chat`); for clients that decode chats in batches."""
+        if chat is not None and done.stop_reason != "stop_string":  # tokens past a stop string are not in the text
+            tokens = done.tokens[: len(done.tokens) - (done.stop_reason == "eos")]
+            said = (chat + done.text, list(prompt) + tokens)
+            self.conversations = [c for c in self.conversations if c[0] != said[0]][-CHATS + 1:] + [said]
 
     def decide(self, remaining: int) -> int:
         """The next round's draft length (and tree width), by the policy in force (a `pin` takes effect here)."""
@@ -478,4 +485,5 @@ class Engine:
             raise SpecError(f"{problem}: use a batch size of 1")
         return BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
                               self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size,
-                              self.target.hidden_tail)
+                              self.target.hidden_tail, self.prompt_cache and RowPrefixes(
+                                  self.prompt_cache, self.target, self.cached_context))

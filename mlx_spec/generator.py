@@ -184,6 +184,7 @@ class Generator:
         """`first` and the jobs that arrive for the same engine while it runs, decoded together. Calls that
         arrive meanwhile run between rounds; other jobs wait in `deferred`, and once one waits no more join."""
         engine, jobs, waiting = self.engine_for(first.drafter), {}, [first]
+        chats, prompts = {}, {}  # each job's chat as rendered (None: not a chat) and its prompt's tokens
 
         def take():
             while True:
@@ -209,8 +210,9 @@ class Generator:
                     continue
                 try:
                     jobs[job.id] = job
-                    prompt = engine.encode_chat(job.prompt, job.tools)[0]
+                    prompt, chats[job.id] = engine.encode_chat(job.prompt, job.tools)
                     engine.check_fits(len(prompt), job.max_tokens)
+                    prompts[job.id] = prompt
                     return job.id, BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed,
                                             job.draft_len)
                 except SpecError as e:
@@ -227,6 +229,7 @@ class Generator:
                 if not isinstance(event, Round):
                     jobs[key].send(event)
                 if isinstance(event, Done):
+                    engine.remember_chat(chats.pop(key), prompts.pop(key), event)
                     self.live.pop(jobs.pop(key).id, None)
         except Exception as e:
             if not isinstance(e, SpecError):

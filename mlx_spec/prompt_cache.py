@@ -13,13 +13,18 @@ A drafter with a per-sequence state of its own (a draft model's cache, an MTP la
 block drafter's context) stores it with the sequence (`hold()`) and takes it back (`resume(held)`) when that
 sequence is restored whole; otherwise `resume(None)` makes it start afresh where the target's cache ends. The
 least recently used sequences go when the stored ones would take more than the budget.
+
+Rows of a batch (`RowPrefixes`) start from the stored sequence, or the live one, that serves their prompt best,
+and store what they hold when they finish (and, for targets that cannot be cut back, their prompt once it is
+prefilled); their drafters keep no state of their own here: they start from the hidden states the rest of the
+prompt's prefill gives them, so a row whose drafter reads every position's runs its whole prompt.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .caches import held_bytes
+from .caches import held_bytes, trimmable
 
 
 @dataclass
@@ -46,9 +51,7 @@ class PromptCache:
     def take(self, target, drafter, tokens: list[int]) -> Stored:
         """What `target`'s cache holds now, the positions of `tokens`, and `drafter`'s state (None: none)."""
         held = drafter.hold() if hasattr(drafter, "hold") else None
-        entry = Stored(list(tokens), target.snapshot(), drafter if held is not None else None, held)
-        entry.nbytes = held_bytes([entry.target, held])
-        return entry
+        return stored(tokens, target.snapshot(), drafter if held is not None else None, held)
 
     def store(self, entry: Stored, cuttable: bool) -> None:
         """Keep `entry` as the most recently used, dropping the least recently used beyond the budget; `cuttable`:
@@ -64,7 +67,7 @@ class PromptCache:
         `tokens` better, restored, with `drafter`'s state as the module says)."""
         here, best, reach = target.reusable(live, tokens), None, 0
         for entry in self.stored:
-            if (n := target.reusable(entry.tokens, tokens, len(entry.tokens))) > max(here, reach):
+            if (n := target.reusable(entry.tokens, tokens, len(entry.tokens))) > here and n >= reach:
                 best, reach = entry, n
         live = live[:target.offset]
         if best is None:
@@ -80,3 +83,51 @@ class PromptCache:
         if current:
             self.store(current, target.cuttable)
         return best.tokens
+
+
+def stored(tokens: list[int], target: list, drafter=None, held=None) -> Stored:
+    return Stored(list(tokens), target, drafter, held, held_bytes([target, held]))
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class RowPrefixes:
+    """The prompt cache as a batch's rows use it (`BatchedDecoder`), for an engine's target and its live
+    sequence (the tokens its cache holds)."""
+
+    def __init__(self, cache: PromptCache, target, live: list[int]):
+        self.cache, self.target, self.live = cache, target, live[:target.offset]
+
+    def find(self, tokens: list[int], tail: int | None) -> tuple[list, int] | None:
+        """For a row about to prefill `tokens`: (the positions a stored or the live sequence holds of them, per
+        layer as `RaggedBatch.holding` takes them, how many), leaving at least one token and the last `tail`
+        (whose hidden states the row's drafter reads; None: all of them) to run; None: none serve."""
+        if tail is None:
+            return None
+        cuttable, limit = trimmable(self.target.cache), len(tokens) - max(tail, 1)
+        best, reach = None, 0
+        for entry in [*self.cache.stored, *([None] if self.live else [])]:
+            held = self.live if entry is None else entry.tokens
+            n = common_prefix(held, tokens)
+            n = n if n == len(held) or cuttable else 0
+            n = min(n, limit) if cuttable or n <= limit else 0
+            if n and n >= reach:  # the most recently used of equals
+                best, reach = entry, n
+        if not reach:
+            return None
+        if best is None:
+            return self.target.held_positions(self.target.snapshot(), reach), reach
+        self.cache.stored.remove(best)
+        self.cache.stored.append(best)
+        return self.target.held_positions(best.target, reach), reach
+
+    def store(self, tokens: list[int], layers: list) -> None:
+        """Keep what a row holds, the positions of `tokens`, given per layer (`RaggedBatch.row_positions`)."""
+        self.cache.store(stored(tokens, self.target.snapshot_of(layers, len(tokens))), self.target.cuttable)

@@ -133,6 +133,29 @@ class RaggedBatch:
             start = end
         return batch
 
+    @classmethod
+    def holding(cls, model, layers: list, n: int, **kv) -> "RaggedBatch":
+        """A one-row batch holding `n` positions given per layer as `row_positions` gives them (an attention
+        layer may give only its last ones, a sliding window's: the columns before them hold zeros, which its mask
+        hides). `kv`: as the constructor's."""
+        batch = cls(model, rows=1, **kv)
+        for cache, layer in zip(batch.caches, layers, strict=True):
+            if isinstance(cache, RecurrentCache):
+                cache.cache = list(layer)
+                cache.release()
+            else:
+                cache.keys, cache.values = tree_map(lambda part: _shift(part, n - part.shape[2]), tuple(layer))
+        batch.valid, batch.columns, batch.capacity = np.ones((1, n), dtype=bool), n, n
+        return batch
+
+    def row_positions(self, row: int) -> list:
+        """What row `row` holds, per layer: an attention layer's keys and values (1, H, n, D) at its n positions
+        (quantized: their parts), a recurrent layer's [conv window, state]."""
+        columns = mx.array(np.flatnonzero(self.valid[row, :self.columns]))
+        return [[part[row:row + 1] for part in cache.cache] if isinstance(cache, RecurrentCache)
+                else tree_map(lambda buffer: mx.take(buffer[row:row + 1], columns, axis=2), (cache.keys, cache.values))
+                for cache in self.caches]
+
     def extend(self, tokens: list[int], read_hidden=None, hidden_tail: int | None = None) -> bool:
         """Run the next piece (`target.next_piece`) of `tokens` that this one-row batch does not hold yet; whether
         it now holds them all (a prompt prefilled a piece at a time). `read_hidden` (see `target.hidden_reader`):

@@ -9,8 +9,8 @@ import mlx.core as mx
 import numpy as np
 
 from . import compat
-from .caches import (RecurrentCache, check_trees, keep, make_caches, restore, rollback, snapshot, tree_forward,
-                     trimmable, unsupported_cache, verifies_trees)
+from .caches import (RecurrentCache, check_trees, held_positions, keep, make_caches, restore, rollback, snapshot,
+                     snapshot_of, tree_forward, trimmable, unsupported_cache, verifies_trees)
 from .errors import SpecError
 from .models import qwen3_5
 
@@ -110,9 +110,20 @@ class Target:
         self.reset()
 
     def reset(self) -> None:
-        self.cache = make_caches(self.model, MAX_DRAFT_LEN + 1, self.kv_bits, self.kv_group_size, self.recurrent)
+        self.cache = self.blank_caches()
         self.recurrent_caches = [c for c in self.cache if isinstance(c, RecurrentCache)]
         self.offset = 0  # positions in the cache
+
+    def blank_caches(self) -> list:
+        return make_caches(self.model, MAX_DRAFT_LEN + 1, self.kv_bits, self.kv_group_size, self.recurrent)
+
+    def held_positions(self, held: list, n: int) -> list:
+        """The first n positions of a snapshot, per layer (`caches.held_positions`): what a batch row takes."""
+        return held_positions(self.blank_caches(), held, n, MAX_DRAFT_LEN + 1)
+
+    def snapshot_of(self, layers: list, n: int) -> list:
+        """A snapshot holding n positions given per layer (`caches.snapshot_of`): what a batch row leaves."""
+        return snapshot_of(self.blank_caches(), layers, n)
 
     def rollback_problem(self) -> str | None:
         """Why this model's cache cannot be rolled back (None when it can)."""

@@ -1,12 +1,17 @@
 """The prompt cache across conversations (prompt_cache.py): conversations that alternate reuse their own earlier
 turns, for every cache type and every drafter that keeps a state of its own, and decode as plain decoding does."""
 
+import signal
+
+import httpx
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, plain_greedy
+from helpers import KEY, PROMPT, plain_greedy, start_server
+from test_server import client
 
 import mlx_spec
+from mlx_spec.batched import Job
 from mlx_spec.sampling import SamplingParams
 
 OPENINGS = [PROMPT, "class Stack(object):\n", "def main():\n    x = 1\n", "import re\n", "x = [1, 2]\n",
@@ -78,3 +83,65 @@ def test_eight_conversations_stay_within_the_budget(tiny):
     assert engine.prompt_cache.nbytes <= budget and 2 <= len(engine.prompt_cache.stored) <= 4
     returning = [s.reused_prompt_tokens == s.held for s in stats[8:]]
     assert returning[:3] == [True] * 3 and returning[-3:] == [False] * 3  # the newest reused, the oldest dropped
+
+
+@pytest.mark.parametrize("family,options", [
+    ("qwen3", {"draft_model": "qwen3-draft"}), ("qwen3", {"drafter": "off", "kv_bits": 4, "kv_group_size": 32}),
+    ("gemma3", {"draft_model": "gemma3-draft"}), ("qwen3_5", {"draft_model": "qwen3_5-draft"}),
+])
+def test_batched_rows_reuse_and_leave_cached_sequences(tiny, family, options):
+    """Conversations decoded in a batch store what their rows held; their next turns, in a batch or alone, start
+    from it (and a batch's rows from a turn decoded alone), and decode as plain decoding does."""
+    options = {k: str(tiny[v]) if k == "draft_model" else v for k, v in options.items()}
+    engine = mlx_spec.load(str(tiny[family]), draft_len=3, **options)
+    engine.cache_prompts(1 << 30)
+    prompts, held = [engine.encode(opening) for opening in OPENINGS[:4]], [0] * 4
+    for turn in range(3):
+        if turn == 1:  # one turn alone, the others in a batch
+            results = [(0, engine.generate(prompts[0], max_tokens=16))]
+            results += [(1 + i, r) for i, r in engine.generate_many([Job(p, max_tokens=16) for p in prompts[1:]], 3)]
+        else:
+            results = list(engine.generate_many([Job(p, max_tokens=16) for p in prompts], 4))
+        for i, result in results:
+            assert result.tokens == plain_greedy(tiny[family], prompts[i], 16, kv_bits=options.get("kv_bits"))
+            assert result.stats.reused_prompt_tokens == held[i], (turn, i)
+            held[i] = len(prompts[i]) + len(result.tokens) - 1
+            prompts[i] = prompts[i] + result.tokens + engine.encode(f"\n# {turn}\n")
+        assert max(r.stats.batch_size for _, r in results) > 1
+
+
+def chat_turns(url: str, model: str, order: list[int]) -> list[dict]:
+    """Chats in `order` (indices of OPENINGS) with a real server, through the official client: each turn adds
+    the answer and one more message to its chat. Returns each turn's answer and usage."""
+    api, chats, turns = client(url), {}, []
+    for i in order:
+        chat = chats.get(i) or [{"role": "user", "content": OPENINGS[i]}]
+        reply = api.chat.completions.create(model=model, messages=chat, max_tokens=12)
+        text, usage = reply.choices[0].message.content, reply.usage
+        turns.append({"text": text, "prompt": usage.prompt_tokens, "cached": usage.prompt_tokens_details.cached_tokens,
+                      "batch_size": usage.model_dump()["batch_size"]})
+        chats[i] = chat + [{"role": "assistant", "content": text}, {"role": "user", "content": "and then?"}]
+    return turns
+
+
+def test_a_server_serves_alternating_chats_from_its_prompt_cache_within_budget(tiny):
+    """Eight chats, then their next turns newest first, against a server whose budget holds a few (its default
+    batch size: each request a batch row) and one without a prompt cache: the same answers; the newest chats'
+    turns run only their new messages, the oldest (dropped) all again; the stored sequences within the budget."""
+    model, budget, order = str(tiny["qwen3-long"]), 600_000, [*range(8), *reversed(range(8))]
+    cached_proc, cached_url = start_server(tiny, "--prompt-cache-gb", str(budget / 1e9))
+    plain_proc, plain_url = start_server(tiny, "--prompt-cache-gb", "0")
+    try:
+        cached, plain = chat_turns(cached_url, model, order), chat_turns(plain_url, model, order)
+        status = httpx.get(f"{cached_url}/mlx-spec/v1/status", headers={"Authorization": f"Bearer {KEY}"}).json()
+    finally:
+        for proc in (cached_proc, plain_proc):
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+    assert [turn["text"] for turn in cached] == [turn["text"] for turn in plain]
+    assert all(turn["cached"] == 0 for turn in plain[8:]) and {turn["batch_size"] for turn in cached} == {1}
+    before = {i: turn for i, turn in zip(order, cached[:8])}  # each chat's first turn
+    again = [(turn["cached"], before[i]) for i, turn in zip(order[8:], cached[8:])]
+    assert all(hit >= first["prompt"] for hit, first in again[:3])  # its whole first turn's prompt, and more
+    assert all(hit < first["prompt"] // 2 for hit, first in again[-3:])  # the template's opening at most
+    assert 0 < status["memory"]["prompt_cache"] <= status["memory"]["prompt_cache_budget"] == budget
