@@ -45,6 +45,7 @@ class Job:
     stop: tuple[str, ...] = ()
     seed: int = 0
     draft_len: int | None = None  # this row's own pinned draft length (0: none); None: the batch's policy
+    grammar: object = None  # grammar.Grammar: what this row's output must match (None: anything)
 
 
 class Row:
@@ -71,6 +72,11 @@ class Row:
         self.stats.generated_tokens = len(self.generated)
         self.stats.record_memory()
         return [Text(tail)] * bool(tail) + [Done(self.stop_reason, self.text.text, self.generated, self.stats)]
+
+
+def masked(row: Row, logits: mx.array, draft: Draft) -> mx.array:
+    """A row's verified logits, masked at each position by its grammar's state along the drafts before it."""
+    return logits if row.job.grammar is None else row.job.grammar.masked(logits, draft.tokens.tolist())
 
 
 def left_to_prefill(row: Row) -> int:
@@ -278,7 +284,7 @@ class BatchedDecoder:
         join), makes the next round's plan before its tokens reach the host and, when that one is plain too, starts
         it meanwhile (penalties, counted on the host, run one round at a time)."""
         start, plan, self.plan = time.perf_counter(), self.plan or self._plan(rows), None
-        if any(plan.lengths) or any(row.job.params.has_penalties for row in rows):
+        if any(plan.lengths) or any(row.job.params.has_penalties or row.job.grammar for row in rows):
             return self._speculate(batch, drafters, rows, plan, start)
         started_ahead = plan.step is not None
         if not started_ahead:
@@ -303,6 +309,8 @@ class BatchedDecoder:
         """A round with drafts (or penalties): draft, verify every row in one forward, keep what each accepts."""
         drafts = (drafters.propose([row.context for row in rows], plan.lengths, [row.job.params for row in rows],
                                    plan.draft_keys) if drafters else [Draft.empty() for _ in rows])
+        drafts = [d.first(row.job.grammar.valid_prefix(d.tokens.tolist())) if row.job.grammar and d.q is None else d
+                  for row, d in zip(rows, drafts)]  # one-hot drafts a grammar rejects can only be rejected
         width = 1 + max(d.tokens.shape[0] for d in drafts)
         inputs = mx.stack([mx.concatenate([mx.array(row.context[-1:], dtype=mx.int32), d.tokens,
                                            mx.zeros((width - 1 - d.tokens.shape[0],), dtype=mx.int32)])
@@ -310,8 +318,8 @@ class BatchedDecoder:
         batch.mark()
         logits = batch.forward(inputs, [1 + d.tokens.shape[0] for d in drafts])
         hidden = self.read_hidden() if self.read_hidden else None
-        verdicts = [verify_draft(d, logits[i, :1 + d.tokens.shape[0]], row.job.params, row.context, key)
-                    for i, (row, d, key) in enumerate(zip(rows, drafts, plan.verify_keys))]
+        verdicts = [verify_draft(d, masked(row, logits[i, :1 + d.tokens.shape[0]], d), row.job.params, row.context,
+                                 key) for i, (row, d, key) in enumerate(zip(rows, drafts, plan.verify_keys))]
         mx.eval([d.tokens for d in drafts], verdicts)  # the round's only host synchronisation
         accepted = [a.item() for a, _ in verdicts]
         batch.keep([a + 1 for a in accepted])
@@ -332,6 +340,8 @@ class BatchedDecoder:
             row.context += new_tokens
             row.stats.record_round(verdict)
             row.stats.batch_size = max(row.stats.batch_size, len(rows))
+            if row.job.grammar is not None:
+                row.job.grammar.advance(new_tokens)
             tokens, row.stop_reason = emit(new_tokens, a, row.generated, row.text, self.tokenizer.eos_token_ids,
                                            row.job.max_tokens)
             events += [(row.key, event) for event in [verdict, *tokens]]

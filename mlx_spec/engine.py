@@ -155,6 +155,8 @@ class Engine:
         afterwards share them."""
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
             raise SpecError(f"the prompt cache's budget must be a whole number of bytes >= 0, got {budget!r}")
+        if budget and self.lockstep:
+            raise SpecError("the prompt cache is not kept across distributed ranks yet: each keeps one sequence")
         self.prompt_cache = PromptCache(budget) if budget else None
 
     def with_drafter(self, drafter: str) -> "Engine":
@@ -463,7 +465,8 @@ class Engine:
                 if job.draft_len is not None:
                     self.pin(job.draft_len)
                 try:
-                    result = self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed)
+                    result = self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed,
+                                           grammar=job.grammar)
                 finally:
                     self.next_policy = engine_policy
                 yield index, result

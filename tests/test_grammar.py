@@ -18,6 +18,7 @@ from scipy.stats import chisquare
 from test_sampling import numpy_distribution, prompt_where_drafts_pass
 
 import mlx_spec
+from mlx_spec.batched import Job
 from mlx_spec.errors import SpecError
 from mlx_spec.grammar import Grammar
 
@@ -94,6 +95,28 @@ def test_greedy_constrained_output_equals_plain_constrained_decoding(tiny, draft
         assert accepted < drafted and (accepted > 0 or drafter == "hybrid MTP")  # the random MTP layer: rarely right
     assert engine.generate(prompt, max_tokens=8).tokens == plain_greedy(tiny[family], prompt, 8)  # unconstrained
     # again: the grammar ended with its generation
+
+
+@pytest.mark.parametrize("drafter", ["draft model", "n-gram", "hybrid MTP", "drafting off"])
+def test_constrained_rows_of_a_batch_equal_plain_constrained_decoding(tiny, drafter):
+    """Rows of one batch, each under its own constraint and one under none, decode as plain constrained decoding
+    does, each row masked by its own grammar along its own drafts."""
+    family, options = DRAFTERS[drafter]
+    options = {k: str(tiny[v]) if k == "draft_model" else v for k, v in options.items()}
+    engine = mlx_spec.load(str(tiny[family]), draft_len=4, **options)
+    prompt = engine.encode(PROMPT)
+    jobs = [Job(prompt, max_tokens=40, grammar=Grammar(engine.tokenizer, kind, value))
+            for kind, value, _ in CONSTRAINTS.values()] + [Job(prompt[:24], max_tokens=40)]
+    results = dict(engine.generate_many(jobs, len(jobs)))
+    for i, (kind, value, compile_grammar) in enumerate(CONSTRAINTS.values()):
+        tokens = results[i].tokens
+        assert tokens == reference(tiny[family], prompt, compile_grammar(value), 40)[:len(tokens)], kind
+        assert results[i].stop_reason == "eos" or len(tokens) == 40
+    assert results[len(CONSTRAINTS)].tokens == plain_greedy(tiny[family], prompt[:24], 40)
+    assert max(result.stats.batch_size for result in results.values()) == len(jobs)
+    drafted, accepted = (sum(getattr(r.stats, name) for r in results.values()) for name in ("drafted", "accepted"))
+    if drafter != "drafting off":
+        assert accepted < drafted and (accepted > 0 or drafter == "hybrid MTP")
 
 
 @pytest.mark.parametrize("drafter", ["draft model", "DFlash block"])

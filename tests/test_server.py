@@ -322,6 +322,8 @@ def test_sigterm_during_a_long_prefill_ends_quietly(tiny):
 def test_serve_refuses_bad_options(tiny):
     proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--port", "70000")
     assert proc.returncode == 2 and "--port must be from 0 to 65535" in proc.stderr
+    proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--prompt-cache-gb", "-1")
+    assert_one_line_error(proc, "--prompt-cache-gb must be a number of GB >= 0, got -1.0")
     with socket.socket() as taken:  # a port in use: refused before the model loads
         taken.bind(("127.0.0.1", 0))
         taken.listen()
