@@ -131,14 +131,14 @@ def test_drafters_draft_within_the_grammar(tiny, drafter):
     assert result.stats.accepted > 0.25 * result.stats.drafted > 0
 
 
-@pytest.mark.parametrize("drafter, rank", [("draft model", 0), ("n-gram", 2)])
-def test_sampled_constrained_output_follows_the_masked_target(tiny, drafter, rank):
+@pytest.mark.parametrize("drafter, rank, batch", [("draft model", 0, 1), ("n-gram", 2, 1), ("draft model", 0, 8)])
+def test_sampled_constrained_output_follows_the_masked_target(tiny, drafter, rank, batch):
     """Two tokens sampled at T = 1, top-k 5, under a grammar that bans a character of the target's rank-th likeliest
     first token (and of none of its other four likeliest). Rank 0, the token the draft model also likes best:
     drafts the grammar rejects come with a q that also covers allowed tokens, the case where the rejected draft's
     q must shape the residual. Rank 2 for n-gram, whose one-hot drafts then pass now and then. Every allowed
     sequence's count against its exact probability, the product of the target's masked, top-k, renormalised
-    distributions."""
+    distributions. Alone, and as the rows of batches of eight."""
     family, options = DRAFTERS[drafter]
     options = {k: str(tiny[v]) if k == "draft_model" else v for k, v in options.items()}
     engine = mlx_spec.load(str(tiny[family]), draft_len=2, **options)
@@ -164,9 +164,9 @@ def test_sampled_constrained_output_follows_the_masked_target(tiny, drafter, ran
         second = masked([int(a)])
         exact.update({(int(a), int(b)): first[a] * second[b] for b in np.flatnonzero(second)})
     samples, observed, drafted, accepted = 400, dict.fromkeys(exact, 0), 0, 0
-    for seed in range(samples):
-        result = engine.generate(prompt, mlx_spec.SamplingParams(temperature=1.0, top_k=5), max_tokens=2, seed=seed,
-                                 grammar=Grammar(engine.tokenizer, "regex", regex))
+    jobs = [Job(prompt, mlx_spec.SamplingParams(temperature=1.0, top_k=5), max_tokens=2, seed=seed,
+                grammar=Grammar(engine.tokenizer, "regex", regex)) for seed in range(samples)]
+    for _, result in engine.generate_many(jobs, batch):
         observed[tuple(result.tokens)] += 1  # a KeyError: a sequence the masked target cannot produce
         drafted, accepted = drafted + result.stats.drafted, accepted + result.stats.accepted
     keys = [k for k in exact if exact[k] > 0]
