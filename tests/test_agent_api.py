@@ -6,8 +6,10 @@ anthropic clients drive the real server; every answer is checked against mlx-lm'
 same conversation as the tokenizer itself renders it, the calls read from that text by a regular expression and
 json.loads."""
 
+import importlib
 import json
 import re
+import shutil
 import signal
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,10 +25,13 @@ from helpers import KEY, start_server
 from test_grammar import from_schema
 from test_grammar import reference as constrained_reference
 from tiny import build_layer_skip_draft
-from tiny_tools import HELLO, TIMES, TOOLS, WEATHER
+from tiny_tools import HELLO, TEMPLATE, TIMES, TOOLS, WEATHER
 
+import mlx_spec
 from mlx_lm.tool_parsers import json_tools
-from mlx_spec.tool_calls import ToolCallStream, forced_calls
+from mlx_spec.tool_calls import ToolCallStream, forced_calls, tool_calls_of
+
+TEMPLATES = TEMPLATE.parent
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +204,64 @@ def test_the_stream_finds_calls_however_the_text_is_cut(text, content, calls):
                                 TOOLS)
         pieces = [p for i in range(0, len(text), size) for p in stream.feed(text[i:i + size])] + stream.close()
         assert "".join(p for p in pieces if isinstance(p, str)) == content
+        assert [(p["function"]["name"], json.loads(p["function"]["arguments"])) for p in pieces
+                if isinstance(p, dict)] == calls
+
+
+FAMILIES = {  # mlx-lm's parser module: a family's answer with two calls, as its chat template teaches it
+    "json_tools": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+                  '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "CET"}}\n</tool_call>',  # Qwen 2.5 / 3
+    "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                   "</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=timezone>\nCET\n</parameter>\n"
+                   "</function>\n</tool_call>",  # Qwen3.5 / 3.6, Qwen3-Coder
+    "gemma4": '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+              '<|tool_call>call:get_time{timezone:<|"|>CET<|"|>}<tool_call|>',
+    "mistral": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}get_time[ARGS]{"timezone": "CET"}',
+    "glm47": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+             "<tool_call>get_time\n<arg_key>timezone</arg_key>\n<arg_value>CET</arg_value>\n</tool_call>",
+    "pythonic": '<|tool_call_start|>[get_weather(city="Paris"), get_time(timezone="CET")]<|tool_call_end|>',
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_familys_calls_are_found_as_its_text_streams(family):
+    """Each family's format through its own mlx-lm parser (what `compat.tool_call_format` picks from the chat
+    template), the answer cut into pieces of every size: the text before it kept, both calls found."""
+    parser = importlib.import_module(f"mlx_lm.tool_parsers.{family}")
+    text = "Checking.\n" + FAMILIES[family]
+    for size in (1, 3, len(text)):
+        stream = ToolCallStream(parser.tool_call_start, parser.tool_call_end, parser.parse_tool_call, TOOLS)
+        pieces = [p for i in range(0, len(text), size) for p in stream.feed(text[i:i + size])] + stream.close()
+        assert "".join(p for p in pieces if isinstance(p, str)) == "Checking.", (family, size)
+        assert [(p["function"]["name"], json.loads(p["function"]["arguments"])) for p in pieces
+                if isinstance(p, dict)] == [("get_weather", {"city": "Paris"}), ("get_time", {"timezone": "CET"})]
+
+
+LLAMA_CALL = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    (LLAMA_CALL, "", [("get_weather", {"city": "Paris"})]),
+    ("\n<|python_tag|>" + LLAMA_CALL + "; " + LLAMA_CALL.replace("Paris", "Lyon"), "",
+     [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Lyon"})]),
+    ("Paris is sunny {today}.", "Paris is sunny {today}.", []),  # an answer in words streams as it comes
+    ('{"name": "get_weather", "param', '{"name": "get_weather", "param', []),  # cut short: kept as text
+])
+def test_llama3_answers_that_are_calls_are_found(tiny, tmp_path, text, content, calls):
+    """Llama 3.1's template (tests/chat_templates/llama3.1-json.jinja, after Meta's documented format: mlx-lm
+    has no parser for it) renders the tools, and an answer that is a bare {"name", "parameters"} call, or several,
+    is found however the text is cut; other answers are content."""
+    path = shutil.copytree(tiny["llama"], tmp_path / "llama")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["chat_template"] = (TEMPLATES / "llama3.1-json.jinja").read_text()
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = mlx_spec.load(str(path), drafter="off").tokenizer
+    rendered = tokenizer.decode(mlx_spec.render_prompt(tokenizer, WEATHER, tools=TOOLS))
+    assert "Environment: ipython" in rendered and '"name": "get_weather"' in rendered
+    for size in (1, 4, len(text)):
+        stream = tool_calls_of(tokenizer, TOOLS)
+        pieces = [p for i in range(0, len(text), size) for p in stream.feed(text[i:i + size])] + stream.close()
+        assert "".join(p for p in pieces if isinstance(p, str)) == content, size
         assert [(p["function"]["name"], json.loads(p["function"]["arguments"])) for p in pieces
                 if isinstance(p, dict)] == calls
 
