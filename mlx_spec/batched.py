@@ -63,6 +63,7 @@ class Row:
         self.prefilled = False  # whether `prefill` holds the whole prompt
         self.ready = True  # whether its drafter works on its prompt (else it starts on what the row decodes)
         self.read_hidden = None  # what reads the hidden states its prompt's prefill keeps (None: none kept)
+        self.drafter_held = None  # what its drafter held of the cached sequence its prompt starts from
         self.started = time.perf_counter()
 
     def finish(self) -> list:
@@ -162,7 +163,7 @@ class BatchedDecoder:
         Text and Done events as the engine's `stream` does. `should_stop(key)` ends a row after this round with
         stop reason "stopped". The batch's rows are `rows`, in order."""
         rows, joining, batch = [], deque(), RaggedBatch(self.model, **self.kv)
-        drafters = self.make_drafters(batch) if self.make_drafters else None
+        drafters = self.drafters = self.make_drafters(batch) if self.make_drafters else None
         self.plan = None  # the next round's, made during the last one (a plain step may already be running)
         while True:
             while len(rows) + len(joining) < batch_size and (item := take()) is not None:
@@ -237,19 +238,22 @@ class BatchedDecoder:
         found = self.prefixes and self.prefixes.find(row.job.prompt[:-1], tail)
         if not found:
             return None
-        row.stats.reused_prompt_tokens = found[1]
-        return RaggedBatch.holding(self.model, *found, **self.kv)
+        layers, row.stats.reused_prompt_tokens, row.drafter_held = found
+        return RaggedBatch.holding(self.model, layers, found[1], **self.kv)
 
     def _store(self, batch: RaggedBatch, index: int, tokens: list[int], prompt: bool = False) -> None:
         """Keep what row `index` of `batch` holds (of `tokens`) in the prompt cache; `prompt`: a prompt just
         prefilled, kept where the target's cache cannot be cut back (a point the next turn may reuse)."""
         if self.prefixes and tokens and (not prompt or not self.prefixes.target.cuttable):
-            self.prefixes.store(tokens[:int(batch.offsets[index])], batch.row_positions(index))
+            held = self.drafters.row_state(index, tokens) if not prompt and hasattr(self.drafters, "row_state") \
+                else None
+            self.prefixes.store(tokens[:int(batch.offsets[index])], batch.row_positions(index), held)
 
     def _joined(self, drafters, rows: list[Row], row: Row, hidden: mx.array | None) -> None:
         """`row`, its prompt now in the batch's cache, joins the rows (and its drafter, with `hidden`)."""
         if drafters:
-            drafters.join(row.context, hidden, row.ready)
+            takes_back = row.drafter_held and hasattr(drafters, "row_state")  # a drafter the prompt cache serves
+            drafters.join(row.context, hidden, row.ready, **({"held": row.drafter_held} if takes_back else {}))
         row.stats.prefill_seconds = time.perf_counter() - row.started
         rows.append(row)
 

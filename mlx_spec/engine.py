@@ -489,4 +489,4 @@ class Engine:
         return BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
                               self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size,
                               self.target.hidden_tail, self.prompt_cache and RowPrefixes(
-                                  self.prompt_cache, self.target, self.cached_context))
+                                  self.prompt_cache, self.target, self.cached_context, self.drafter))

@@ -102,13 +102,15 @@ class RowPrefixes:
     """The prompt cache as a batch's rows use it (`BatchedDecoder`), for an engine's target and its live
     sequence (the tokens its cache holds)."""
 
-    def __init__(self, cache: PromptCache, target, live: list[int]):
-        self.cache, self.target, self.live = cache, target, live[:target.offset]
+    def __init__(self, cache: PromptCache, target, live: list[int], drafter=None):
+        """drafter: the engine's, whose state a stored sequence may hold (a batch's draft model takes it back)."""
+        self.cache, self.target, self.live, self.drafter = cache, target, live[:target.offset], drafter
 
-    def find(self, tokens: list[int], tail: int | None) -> tuple[list, int] | None:
+    def find(self, tokens: list[int], tail: int | None) -> tuple[list, int, object] | None:
         """For a row about to prefill `tokens`: (the positions a stored or the live sequence holds of them, per
-        layer as `RaggedBatch.holding` takes them, how many), leaving at least one token and the last `tail`
-        (whose hidden states the row's drafter reads; None: all of them) to run; None: none serve."""
+        layer as `RaggedBatch.holding` takes them, how many, the drafter's state stored with them or None),
+        leaving at least one token and the last `tail` (whose hidden states the row's drafter reads; None: all of
+        them) to run; None: none serve."""
         if tail is None:
             return None
         cuttable, limit = trimmable(self.target.cache), len(tokens) - max(tail, 1)
@@ -122,12 +124,16 @@ class RowPrefixes:
                 best, reach = entry, n
         if not reach:
             return None
-        if best is None:
-            return self.target.held_positions(self.target.snapshot(), reach), reach
+        if best is None:  # the live sequence, and the engine's drafter's state, which follows it
+            held = self.drafter.hold() if hasattr(self.drafter, "hold") else None
+            return self.target.held_positions(self.target.snapshot(), reach), reach, held
         self.cache.stored.remove(best)
         self.cache.stored.append(best)
-        return self.target.held_positions(best.target, reach), reach
+        held = best.held if best.drafter is self.drafter else None
+        return self.target.held_positions(best.target, reach), reach, held
 
-    def store(self, tokens: list[int], layers: list) -> None:
-        """Keep what a row holds, the positions of `tokens`, given per layer (`RaggedBatch.row_positions`)."""
-        self.cache.store(stored(tokens, self.target.snapshot_of(layers, len(tokens))), self.target.cuttable)
+    def store(self, tokens: list[int], layers: list, held=None) -> None:
+        """Keep what a row holds, the positions of `tokens`, given per layer (`RaggedBatch.row_positions`), and
+        what its drafter holds (`held`, in the form the engine's drafter's `hold` gives; None: nothing)."""
+        self.cache.store(stored(tokens, self.target.snapshot_of(layers, len(tokens)), held and self.drafter, held),
+                         self.target.cuttable)

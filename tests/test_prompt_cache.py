@@ -12,6 +12,7 @@ from test_server import client
 
 import mlx_spec
 from mlx_spec.batched import Job
+from mlx_spec.ragged import RaggedBatch
 from mlx_spec.sampling import SamplingParams
 
 OPENINGS = [PROMPT, "class Stack(object):\n", "def main():\n    x = 1\n", "import re\n", "x = [1, 2]\n",
@@ -89,12 +90,17 @@ def test_eight_conversations_stay_within_the_budget(tiny):
     ("qwen3", {"draft_model": "qwen3-draft"}), ("qwen3", {"drafter": "off", "kv_bits": 4, "kv_group_size": 32}),
     ("gemma3", {"draft_model": "gemma3-draft"}), ("qwen3_5", {"draft_model": "qwen3_5-draft"}),
 ])
-def test_batched_rows_reuse_and_leave_cached_sequences(tiny, family, options):
-    """Conversations decoded in a batch store what their rows held; their next turns, in a batch or alone, start
-    from it (and a batch's rows from a turn decoded alone), and decode as plain decoding does."""
+def test_batched_rows_reuse_and_leave_cached_sequences(tiny, family, options, monkeypatch):
+    """Conversations decoded in a batch store what their rows held (the draft model's too); their next turns, in
+    a batch or alone, start from it (and a batch's rows from a turn decoded alone), and decode as plain decoding
+    does."""
     options = {k: str(tiny[v]) if k == "draft_model" else v for k, v in options.items()}
     engine = mlx_spec.load(str(tiny[family]), draft_len=3, **options)
     engine.cache_prompts(1 << 30)
+    draft_starts, extend = [], RaggedBatch.extend  # where the draft model's rows start their prompts' prefill
+    monkeypatch.setattr(RaggedBatch, "extend", lambda self, tokens, *args: (
+        self.model is getattr(engine.drafter, "weights", None) and draft_starts.append(int(self.offsets[0])))
+        or extend(self, tokens, *args))
     prompts, held = [engine.encode(opening) for opening in OPENINGS[:4]], [0] * 4
     for turn in range(3):
         if turn == 1:  # one turn alone, the others in a batch
@@ -108,6 +114,8 @@ def test_batched_rows_reuse_and_leave_cached_sequences(tiny, family, options):
             held[i] = len(prompts[i]) + len(result.tokens) - 1
             prompts[i] = prompts[i] + result.tokens + engine.encode(f"\n# {turn}\n")
         assert max(r.stats.batch_size for _, r in results) > 1
+    if "draft_model" in options:  # its rows took back what it held of each conversation's last turn
+        assert len([start for start in draft_starts if start > 0]) >= 6
 
 
 def chat_turns(url: str, model: str, order: list[int]) -> list[dict]:

@@ -33,7 +33,10 @@ class Drafter(Protocol):
     one that reads all of them may take them chunk by chunk while the target prefills, in `absorb(first
     position, states)` (its `begin` then gets none). One whose chains can follow the generation's grammar has a
     `constrain` attribute, which the engine sets for a constrained generation (else None): `constrain(logits,
-    drafts so far) -> the logits masked by what the grammar allows next` (`draft_autoregressively` applies it)."""
+    drafts so far) -> the logits masked by what the grammar allows next` (`draft_autoregressively` applies it).
+    One that keeps a state of its own per sequence gives it to the prompt cache with `hold()` and takes it back
+    with `resume(held)` (None: start afresh); a batch's drafter that takes it back too has `row_state(row,
+    context)` (a row's, as `hold` gives it) and `join(..., held=)` (prompt_cache.py)."""
 
     name: str
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from ..prompt_cache import common_prefix
 from ..ragged import RaggedBatch
 from ..sampling import SamplingParams
 from ..target import Step, Target
@@ -28,7 +29,7 @@ class DraftModelDrafter:
 
     def batched(self, target_batch) -> "BatchedDraftModel":
         """Drafting for a batch: every row's draft step in one forward of the draft model, chains."""
-        return BatchedDraftModel(self.weights, self.vocab_size, self.runner.kv_bits, self.runner.kv_group_size)
+        return BatchedDraftModel(self.weights, self.vocab_size, self.runner)
 
     def batch_problem(self) -> str | None:
         """Why the draft model cannot draft for a batch (None when it can)."""
@@ -107,15 +108,33 @@ class BatchedDraftModel:
 
     name = "draft-model"
 
-    def __init__(self, model, vocab_size: int, kv_bits: int | None = None, kv_group_size: int = 64):
-        self.model, self.vocab_size = model, vocab_size
-        self.kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size}  # as the draft model's cache alone
+    def __init__(self, model, vocab_size: int, runner: Target):
+        """runner: the draft model alone (`DraftModelDrafter`'s), whose cache layout the prompt cache keeps."""
+        self.model, self.vocab_size, self.runner = model, vocab_size, runner
+        self.kv = {"kv_bits": runner.kv_bits, "kv_group_size": runner.kv_group_size}  # as its cache alone
         self.batch, self.fed = RaggedBatch(model, **self.kv), None
 
-    def join(self, context: list[int], hidden=None, ready: bool = True) -> None:
+    def join(self, context: list[int], hidden=None, ready: bool = True, held: tuple | None = None) -> None:
         """A row whose tokens so far are `context`, prefilled in the draft model now, or if not `ready` at its
-        first draft (where drafting does not pay, its prompt costs the draft model nothing)."""
-        self.batch.join(RaggedBatch.prefilled(self.model, [context[:-1] if ready else []], **self.kv))
+        first draft (where drafting does not pay, its prompt costs the draft model nothing). `held`: what the
+        draft model held of a sequence it ran (`DraftModelDrafter.hold`, from the prompt cache), its start
+        shared with `context` kept."""
+        reuse = min(held[1], common_prefix(held[2], context[:-1])) if held else 0
+        if reuse < (held[1] if held else 0) and not self.runner.cuttable:
+            reuse = 0
+        if not reuse:
+            self.batch.join(RaggedBatch.prefilled(self.model, [context[:-1] if ready else []], **self.kv))
+            return
+        row = RaggedBatch.holding(self.model, self.runner.held_positions(held[0], reuse), reuse, **self.kv)
+        while ready and not row.extend(context[:-1]):
+            pass
+        self.batch.join(row)
+
+    def row_state(self, row: int, context: list[int]) -> tuple:
+        """What the draft model holds of row `row` (whose tokens are `context`), as `DraftModelDrafter.hold`
+        gives it: for the prompt cache."""
+        n = int(self.batch.offsets[row])
+        return self.runner.snapshot_of(self.batch.row_positions(row), n), n, context[:n]
 
     def _prefill_unready(self, contexts: list[list[int]]) -> None:
         """Prefill the rows that joined unready and hold nothing yet, each alone, in their places: their whole
