@@ -82,11 +82,7 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--tokens", type=int, default=8, help="tokens each answer runs to")
     args = parser.parse_args()
-    target = real_models.mlx_dir(args.target)
-    draft = None if args.draft == "none" else real_models.mlx_dir(args.draft)
-    for path in (target, draft):
-        if path is not None and not path.exists():
-            sys.exit(f"bench_prompt_cache: {path} is missing: run `python scripts/real_models.py {path.name[:-4]}`")
+    target, draft = real_models.converted("bench_prompt_cache", args.target, args.draft)
     engine = mlx_spec.load(str(target), draft_model=str(draft) if draft else None, draft_len=None)
     print(f"{args.target}{f' + {args.draft} draft model' if draft else ''}, float32, {linux_blas.describe()}; "
           f"conversations of {len(engine.encode(opening(0)))} prompt tokens and up to {args.tokens} answer tokens, "

@@ -64,11 +64,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--requests", type=int, default=len(REQUESTS), help="how many of the eight requests")
     args = parser.parse_args()
-    target = real_models.mlx_dir(args.target)
-    draft = None if args.draft == "none" else real_models.mlx_dir(args.draft)
-    for path in (target, draft):
-        if path is not None and not path.exists():
-            sys.exit(f"bench_structured: {path} is missing: run `python scripts/real_models.py {path.name[:-4]}`")
+    target, draft = real_models.converted("bench_structured", args.target, args.draft)
     engine = mlx_spec.load(str(target), draft_model=str(draft) if draft else None, drafter="off")
     contenders = {"plain": engine, **{name: engine.with_drafter(name)
                                       for name in (["draft-model"] if draft else []) + ["ngram"]}}

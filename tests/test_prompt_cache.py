@@ -101,13 +101,14 @@ def test_batched_rows_reuse_and_leave_cached_sequences(tiny, family, options, mo
     monkeypatch.setattr(RaggedBatch, "extend", lambda self, tokens, *args: (
         self.model is getattr(engine.drafter, "weights", None) and draft_starts.append(int(self.offsets[0])))
         or extend(self, tokens, *args))
-    prompts, held = [engine.encode(opening) for opening in OPENINGS[:4]], [0] * 4
+    prompts, held, every = [engine.encode(opening) for opening in OPENINGS[:4]], [0] * 4, []
     for turn in range(3):
         if turn == 1:  # one turn alone, the others in a batch
             results = [(0, engine.generate(prompts[0], max_tokens=16))]
             results += [(1 + i, r) for i, r in engine.generate_many([Job(p, max_tokens=16) for p in prompts[1:]], 3)]
         else:
             results = list(engine.generate_many([Job(p, max_tokens=16) for p in prompts], 4))
+        every += [result.stats for _, result in results]
         for i, result in results:
             assert result.tokens == plain_greedy(tiny[family], prompts[i], 16, kv_bits=options.get("kv_bits"))
             assert result.stats.reused_prompt_tokens == held[i], (turn, i)
@@ -116,6 +117,7 @@ def test_batched_rows_reuse_and_leave_cached_sequences(tiny, family, options, mo
         assert max(r.stats.batch_size for _, r in results) > 1
     if "draft_model" in options:  # its rows took back what it held of each conversation's last turn
         assert len([start for start in draft_starts if start > 0]) >= 6
+        assert 0 < sum(s.accepted for s in every) < sum(s.drafted for s in every)
 
 
 def chat_turns(url: str, model: str, order: list[int]) -> list[dict]:
