@@ -13,6 +13,7 @@ from .caches import (RecurrentCache, check_trees, held_positions, keep, make_cac
                      snapshot_of, tree_forward, trimmable, unsupported_cache, verifies_trees)
 from .errors import SpecError
 from .models import qwen3_5
+from .prompt_cache import common_prefix
 
 MAX_DRAFT_LEN = 32
 PREFILL_CHUNK = 512
@@ -165,11 +166,7 @@ class Target:
         a prefill of `tokens`: their common prefix, if the cache can be cut back to it, leaving at least one
         token to run. `held`: the positions a stored cache holds (`snapshot`), asked of instead of this one's."""
         held = self.offset if held is None else held
-        common = 0
-        for a, b in zip(cached[:held], tokens[:-1]):
-            if a != b:
-                break
-            common += 1
+        common = common_prefix(cached[:held], tokens[:-1])
         return common if common == held or self.cuttable else 0
 
     @property
