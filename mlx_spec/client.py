@@ -69,7 +69,8 @@ class RemoteEngine:
         return SpecError(f"the server at {self.url}: {message}")
 
     def status(self) -> EngineStatus:
-        return EngineStatus(self.drafter, self.note, self.pinned, self.max_draft_len, self.drafters, self.shape)
+        return EngineStatus(self.drafter, self.note, self.pinned, self.max_draft_len, self.drafters, self.shape,
+                            reasons=[self.note, *self.reasons])
 
     def memory(self) -> MemoryReport:
         """The server's memory, as of its last answer."""
@@ -81,7 +82,7 @@ class RemoteEngine:
         check_draft_len(draft_len)
         self.draft_len = draft_len
         policy = draft_policy(draft_len if self.drafter != "off" else 0, self.max_draft_len, self.tree_width)
-        self.note, self.pinned = policy.note, getattr(policy, "pinned", None)
+        self.note, self.pinned, self.reasons = policy.note, getattr(policy, "pinned", None), []
         self.control(draft_len=draft_len)
 
     def stop(self) -> None:
@@ -135,7 +136,7 @@ class RemoteEngine:
                             self.memory_report = MemoryReport(**report)
                         done = event_from_dict(data)
                         if self.draft_len is None:
-                            self.note = done.stats.policy  # the adaptive policy's last decision
+                            self.note, self.reasons = done.stats.policy, done.stats.policy_reasons  # its last decision
                         yield done
                         return
                     else:

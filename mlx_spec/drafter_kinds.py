@@ -17,7 +17,7 @@ DRAFTERS = {kind.name: kind for kind in [
     DrafterKind("mtp", "the checkpoint's own multi-token prediction layer (Qwen 3.5 / 3.6, Qwen3-Next; the nextn "
                        "layer of DeepSeek-V3 and GLM-4.5+)", 3),
     DrafterKind("draft-model", "a smaller model of the same vocabulary, a Gemma 4 assistant, Medusa or EAGLE-3 "
-                               "heads, or a DFlash / DFlash2 / DSpark block drafter (--draft-model)", 6),
+                               "heads, or a DFlash / DFlash2 / DSpark block drafter (--draft-model)", 8),
     DrafterKind("ngram", "prompt lookup: continue as the prompt or output continued before; no extra memory", 6),
     DrafterKind("suffix", "suffix decoding: continue as this request and earlier ones (kept while the process "
                           "runs; across runs with --suffix-cache) continued most often; no weights", 8),

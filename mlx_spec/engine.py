@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import mlx.core as mx
@@ -46,6 +46,7 @@ class EngineStatus:
     shape: str = "chain"  # what the drafter proposes: "chain", "tree of width W", or a chain and why no tree
     next_draft_len: int | None = None  # what the next round is set to draft (the adaptive policy's latest
     # choice; 0: drafting off), None where unknown
+    reasons: list[str] = field(default_factory=list)  # why: each length's expected speed, acceptance, costs
 
 
 @dataclass
@@ -76,11 +77,11 @@ def check_draft_len(n: int | None) -> None:
         raise SpecError(f"draft length must be between 0 and {MAX_DRAFT_LEN}, got {n}")
 
 
-def draft_policy(draft_len: int | None, max_draft_len: int, tree_width: int = 1):
+def draft_policy(draft_len: int | None, max_draft_len: int, tree_width: int = 1, profile: dict | None = None):
     """What `Engine.pin(draft_len)` sets: a pinned length (0: off), or None: the adaptive policy, which also
-    tries chains when the drafter drafts trees."""
+    tries chains when the drafter drafts trees, starting from `profile` (what an earlier one learnt)."""
     if draft_len is None:
-        return AdaptiveDraftLength(max_draft_len, widths=tuple(sorted({1, tree_width})))
+        return AdaptiveDraftLength(max_draft_len, widths=tuple(sorted({1, tree_width})), profile=profile)
     return FixedDraftLength(draft_len, tree_width)
 
 
@@ -92,11 +93,12 @@ class Engine:
 
     def __init__(self, target: Target, tokenizer, drafter: Drafter | None = None, draft_len: int | None = 4,
                  max_draft_len: int = 4, sibling=None, drafters: list[str] = ("off",),
-                 context_length: int | None = None):
+                 context_length: int | None = None, profiles=None):
         """draft_len: drafts per round, pinned; None lets the adaptive policy choose 0..max_draft_len.
         sibling(drafter_name) -> Engine builds `with_drafter`'s engines on the same weights; `drafters` names
         the choices it accepts. context_length: the positions the model was trained for (None: unknown), which a
-        prompt and its max_tokens must fit (`check_fits`)."""
+        prompt and its max_tokens must fit (`check_fits`). profiles: where the adaptive policy's profile is kept
+        between runs (`profiles.Profiles`; None: in this engine only)."""
         check_draft_len(max_draft_len)
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.context_length = context_length
@@ -110,6 +112,8 @@ class Engine:
         self.grammar: Grammar | None = None  # the running generation's constraint
         self.logprobs: int | None = None  # the running generation's: None, or how many likeliest tokens besides
         self.round_logprobs: list = []  # the last round's, a (log p, top) for each token it emitted
+        self.profiles = profiles
+        self.learnt = profiles.read() if profiles else None  # what the adaptive policy learnt, to start the next
         self.pin(draft_len)
         self.policy = self.next_policy
         self.lockstep = None  # distributed.Lockstep: this engine's target is sharded across ranks kept in step
@@ -123,7 +127,7 @@ class Engine:
         if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= self.tree_width:
             raise SpecError(f"tree width must be from 1 to {self.tree_width} (the width this engine's drafter was "
                             f"loaded with, --tree-width), got {tree_width!r}")
-        self.next_policy = draft_policy(draft_len if self.drafter else 0, self.max_draft_len, width)
+        self.next_policy = draft_policy(draft_len if self.drafter else 0, self.max_draft_len, width, self.learnt)
 
     def policy_now(self):
         """The draft-length policy for the next round: the latest `pin`, or on distributed ranks the one they all
@@ -147,7 +151,7 @@ class Engine:
         return EngineStatus(self.drafter.name if self.drafter else "off", policy.note,
                             getattr(policy, "pinned", None), self.max_draft_len, self.drafters,
                             shape(self.drafter, self.tree_width),
-                            getattr(policy, "draft_len", None) if self.drafter else 0)
+                            getattr(policy, "draft_len", None) if self.drafter else 0, policy.explain())
 
     def cache_prompts(self, budget: int) -> None:
         """Keep the sequences generations ran, besides the last, in at most `budget` bytes (0: none), so that a
@@ -278,7 +282,11 @@ class Engine:
             yield Text(tail)
         stats.decode_seconds = time.perf_counter() - start
         stats.generated_tokens = len(generated)
-        stats.policy = self.policy.note
+        stats.policy, stats.policy_reasons = self.policy.note, self.policy.explain()[1:]
+        if learnt := self.policy.profile():
+            self.learnt = learnt
+            if self.profiles:
+                self.profiles.write(learnt)
         stats.drafter_report = self.drafter.report() if hasattr(self.drafter, "report") else ""
         stats.record_memory()
         done = Done(stop_reason, text.text, generated, stats)

@@ -31,6 +31,7 @@ from .models.medusa import is_medusa, load_medusa, medusa_shape
 from .models.mtp_head import ARCHITECTURE as MTP_HEAD, is_mtp_head, load_head
 from .models.nextn import check_supported, declared_nextn_layers, is_nextn, load_nextn
 from .models.qwen3_5 import checkpoint_files, declared_mtp_layers, lm_head, load_mtp, text_model
+from .profiles import Profiles
 from .target import MAX_DRAFT_LEN, Target
 
 REGISTRY = Path(__file__).with_name("models.toml")
@@ -335,7 +336,9 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     runner.hidden_tail = getattr(chosen, "hidden_tail", None)
     engine = Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
                     available_drafters(target, draft_model, runner.tree_problem() is None, mtp_path) + ["off"],
-                    context_length(target.config))
+                    context_length(target.config),
+                    Profiles(str(target.path.resolve()), drafter, str(draft_path or mtp_path or ""), f"kv {kv_bits}",
+                             f"width {getattr(chosen, 'width', 1)}", str(target.distributed)))
     engine.lockstep = target.lockstep
     return engine
 

@@ -2,20 +2,34 @@
 
 `FixedDraftLength` is what a user pins. `AdaptiveDraftLength` picks, every round, the length (and, for a
 drafter that can draft trees, whether to draft a chain or a tree) that maximises the expected tokens per second
-from what this run has measured, per shape: the acceptance at each draft position and the time of a round,
-T(k) = T(0) (1 + fixed + slope * k), both learnt in plain steps (fixed: what a drafting round costs whatever its
-length, such as a block drafter's one forward, fitted once a second length was timed), so that a machine that
-slows down or speeds up as a whole (other work on its cores) does not move break-even while drafting is off. It
-turns drafting off (k = 0, plain decoding) when no length beats plain decoding, and probes with a short draft now
-and then so it turns back on when the text becomes predictable again or drafts turn out cheaper than measured (a
-probe is two rounds: the first, resuming, says nothing of the cost; the second's counts for half). Its `note`
-says what it decided and why. A drafter that estimates each draft's acceptance (DSpark's confidence head) has its
-chain cut to the most profitable length under the same costs (`cut`).
+from what has been measured, per shape: the acceptance at each draft position and a round's time at each draft
+length, T(k) / T(0), both in plain steps so that a machine that slows down or speeds up as a whole (other work on
+its cores) does not move break-even while drafting is off. Round times are a curve, not a line (BLAS blocking
+makes them non-monotone on a CPU; memory bandwidth makes them flat on a GPU): each length measured keeps its own
+running mean; a length not measured is guessed between its measured neighbours, or past the longest measured at
+the least growth per draft measured (the optimist's guess, tried one length at a time while enough tokens remain
+to repay it), or before any second length from a line, fixed + slope k (fixed: what a drafting round costs
+whatever its length, such as a block drafter's one forward). A draft position no round judged of late is taken to
+pass as often as the one before it, so longer drafts are tried again. It turns drafting off (k = 0) when no length
+beats plain decoding, and probes with a short draft now and then so it turns back on when the text becomes
+predictable again or drafts turn out cheaper than measured (a probe is two rounds: the first, resuming, says
+nothing of the cost; the second's counts for half). What it learnt (`profile`) can start the next generation's
+policy, so a run starts at the length that paid last time. Its `note` says what it decided, `explain` why. A
+drafter that estimates each draft's acceptance (DSpark's confidence head) has its chain cut to the most profitable
+length under the same costs (`cut`).
 """
 
 from __future__ import annotations
 
 PROBE_WEIGHT = 0.5  # a draft's cost measured by a probe, against the estimate from before drafting stopped
+STALE = 16  # rounds after which a draft position no round judged is taken to pass as often as the one before
+PRIOR = 2.0  # the verdicts a prior acceptance counts for
+HORIZON = 8  # rounds of a length not yet measured that must remain for the policies to try it
+PROFILE_WEIGHT = 3  # the measurements a cost from a profile counts for against this run's
+LONG_RUN = 8  # the verdicts a profile's long-run acceptance counts for against this run's, in what it keeps
+CALIBRATION = 3  # timed drafting rounds that, from a profile, set this run's plain step (no cost learnt from them)
+HORIZON_ALONE = 2  # rounds of a length not yet measured that must remain for one sequence to try it
+CLOSE = 0.05  # a length next to the best, expected within this share of its speed, is timed again now and then
 
 
 def probe_due(rounds: int, probe_every: int, break_even: float) -> bool:
@@ -44,16 +58,27 @@ class FixedDraftLength:
                 rows: list[tuple[int, int]] | None = None) -> None:
         pass
 
+    def explain(self) -> list[str]:
+        return [self.note]
+
+    def profile(self) -> None:
+        return None
+
 
 class Shape:
     """What the policy has learnt of drafting with one width (1: chains)."""
 
     def __init__(self, max_len: int, prior_acceptance: float):
         self.acceptance = [prior_acceptance] * max_len  # P(position j accepted | positions < j accepted)
-        self.slope: float | None = None  # what each drafted position adds to a round, in plain steps
-        self.fixed = 0.0  # what a drafting round adds whatever its length (a block drafter's one forward)
+        self.judged = [-STALE - 1] * max_len  # the round that last judged each position (none: stale from the start)
+        self.verdicts = [PRIOR] * max_len  # the verdicts each position's acceptance stands on, decayed each time
+        self.totals = [[prior_acceptance * PRIOR, PRIOR] for _ in range(max_len)]  # passed, judged: the long run
+        self.costs: dict[int, float] = {}  # draft length -> a round's time in plain steps, running mean
+        self.counts: dict[int, float] = {}  # draft length -> the measurements its mean stands on
+        self.timed: dict[int, int] = {}  # draft length -> the round that last timed it
+        self.slope: float | None = None  # the line's cost per drafted position, in plain steps (None: none timed)
+        self.fixed = 0.0  # the line's cost of a drafting round whatever its length (a block drafter's one forward)
         self.moments: tuple[float, ...] | None = None  # running means of k, k^2, r, k r; r = T(k) / T(0) - 1
-        self.lengths: set[int] = set()  # the draft lengths timed
 
     def expected_tokens(self, k: int) -> float:
         """Tokens per round with k drafts: 1 + sum over i of the chance that drafts 1..i all pass."""
@@ -64,17 +89,34 @@ class Shape:
         return total
 
     def cost(self, k: int) -> float:
-        """T(k) / T(0): a round of k drafts in plain steps."""
-        return 1.0 if k == 0 else 1 + self.fixed + self.slope * k
+        """T(k) / T(0): a round of k drafts in plain steps, measured or guessed (see the module's docstring). A
+        length's measurements count against the line as many times as they are (one outlier does not condemn a
+        length that would never be tried again)."""
+        if k == 0:
+            return 1.0
+        line = 1 + self.fixed + self.slope * k
+        if k in self.costs:
+            return (self.counts[k] * self.costs[k] + line) / (self.counts[k] + 1)
+        known = sorted(self.costs)
+        below, above = [n for n in known if n < k], [n for n in known if n > k]
+        if below and above:
+            low, high = below[-1], above[0]
+            return self.cost(low) + (self.cost(high) - self.cost(low)) * (k - low) / (high - low)
+        if above:
+            return min(line, self.cost(above[0]))
+        growth = [max(0.0, (self.cost(b) - self.cost(a)) / (b - a)) for a, b in zip(known, known[1:])]
+        return self.cost(below[-1]) + (min(growth) if growth else self.slope) * (k - below[-1])
 
     def learn(self, k: int, r: float, weight: float) -> None:
-        """A round of k drafts took 1 + r plain steps; `weight`: its share in the running means. The cost is fitted
-        as fixed + slope k (least squares, neither negative) while the lengths timed lie far enough apart; else
-        the fixed share stays as last fitted (0 before) and the slope takes the rest."""
+        """A round of k drafts took 1 + r plain steps; `weight`: its share in the running means (more while a length
+        has few measurements). The line is fitted as fixed + slope k (least squares, neither negative) while the
+        lengths timed lie far enough apart; else the fixed share stays as last fitted (0 before) and the slope
+        takes the rest."""
+        self.counts[k] = self.counts.get(k, 0) + 1
+        self.costs[k] = self.costs.get(k, 0.0) + max(weight, 1 / self.counts[k]) * (1 + r - self.costs.get(k, 0.0))
         observed = (k, k * k, r, k * r)
         self.moments = observed if self.moments is None else tuple(
             (1 - weight) * m + weight * o for m, o in zip(self.moments, observed))
-        self.lengths.add(k)
         mean_k, mean_kk, mean_r, mean_kr = self.moments
         spread = mean_kk - mean_k * mean_k
         if spread <= SPREAD:  # one length of late: the fixed share as last fitted (none before), the rest per draft
@@ -88,18 +130,54 @@ class Shape:
         else:
             self.fixed, self.slope = mean_r - slope * mean_k, slope
 
+    def explore(self, rounds: int) -> None:
+        """A position no round judged of late (STALE rounds) past one judged of late is taken to pass at least as
+        often as the one before it: else a policy that found short drafts paying would never learn whether longer
+        ones do (a shape not drafted of late keeps its estimates: it lost to another)."""
+        for j in range(1, len(self.acceptance)):
+            if (rounds - self.judged[j] > STALE >= rounds - self.judged[j - 1]
+                    and self.acceptance[j] < self.acceptance[j - 1]):
+                self.acceptance[j], self.verdicts[j] = self.acceptance[j - 1], min(self.verdicts[j], PRIOR)
+
+    def judge(self, j: int, passed: bool, decay: float) -> None:
+        """A verdict on draft position j: the past's verdicts count for `decay` each (the prior's too)."""
+        weight = decay * self.verdicts[j]
+        self.acceptance[j] = (weight * self.acceptance[j] + passed) / (weight + 1)
+        self.verdicts[j] = weight + 1
+        self.totals[j][0] += passed
+        self.totals[j][1] += 1
+
+    def saved(self) -> dict:
+        """What a profile keeps: the long-run acceptance (not the last rounds': the next text may differ), costs."""
+        return {"acceptance": [round(passed / judged, 4) for passed, judged in self.totals], "fixed": self.fixed,
+                "slope": self.slope,
+                "costs": {str(k): round(c, 4) for k, c in sorted(self.costs.items())}}
+
+    def resume(self, saved: dict) -> None:
+        """Start from what a profile saved (`saved`): its costs count for PROFILE_WEIGHT measurements each."""
+        learnt = [float(a) for a in saved["acceptance"]][: len(self.acceptance)]
+        self.acceptance[: len(learnt)] = learnt
+        self.fixed, self.slope = float(saved["fixed"]), saved["slope"] and float(saved["slope"])
+        self.costs = {int(k): float(c) for k, c in saved["costs"].items() if 0 < int(k) <= len(self.acceptance)}
+        self.counts = dict.fromkeys(self.costs, PROFILE_WEIGHT)
+        self.verdicts = [PRIOR] * len(self.acceptance)
+        self.totals[: len(learnt)] = [[a * LONG_RUN, LONG_RUN] for a in learnt]
+        if self.slope is None and self.costs:
+            self.slope = 0.0
+
 
 SPREAD = 0.2  # the variance of the draft lengths timed (squared drafts) past which a round's fixed cost is fitted
 
 
 class AdaptiveDraftLength:
     def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.9, prior_acceptance: float = 0.7,
-                 widths: tuple[int, ...] = (1,)):
+                 widths: tuple[int, ...] = (1,), profile: dict | None = None):
         """widths: the draft shapes to choose from (1: a chain; W > 1: trees of width W). decay: the weight of
         the past in each running estimate. At 0.8, three rejections in a row (common at 40% acceptance) turned
         drafting off until the next probe: at 42% first-draft acceptance and drafts costing 0.2 of a plain step,
         where one draft a round pays (1.42 / 1.2), it drafted in 48% of rounds, against 71% at 0.9
-        (test_policy's test_noisy_acceptance_keeps_drafting)."""
+        (test_policy's test_noisy_acceptance_keeps_drafting). profile: what an earlier policy of the same target,
+        drafter and shapes learnt (`profile()`), to start from."""
         self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
         self.shapes = {w: Shape(max_len, prior_acceptance) for w in widths}
         self.plain_time: float | None = None  # T(0), seconds
@@ -108,9 +186,23 @@ class AdaptiveDraftLength:
         self.previous_len = None
         self.uncosted = False  # the last round drafted but its time said nothing of a draft's cost
         self.spread_tries = 0  # rounds drafted at a second length to fit a round's fixed cost
+        self.calibration: list[float] | None = None  # from a profile: plain steps inferred from the first rounds
         self.draft_len, self.width, self.widest = max_len, widths[0], widths[-1]
         self.note = f"adaptive draft length, up to {max_len}" + (f", chains or trees of width {widths[-1]}"
                                                                   if len(widths) > 1 else "")
+        try:
+            if profile and set(profile["shapes"]) == {str(w) for w in widths}:
+                for w, shape in self.shapes.items():
+                    shape.resume(profile["shapes"][str(w)])
+                self.plain_time, self.calibration = float(profile["plain_time"]), []
+        except (AttributeError, KeyError, TypeError, ValueError):  # a damaged profile, or another version's
+            self.shapes = {w: Shape(max_len, prior_acceptance) for w in widths}
+
+    def profile(self) -> dict | None:
+        """What this policy learnt, to start a later one from (None: nothing measured yet)."""
+        if self.plain_time is None or any(shape.slope is None for shape in self.shapes.values()):
+            return None
+        return {"plain_time": self.plain_time, "shapes": {str(w): s.saved() for w, s in self.shapes.items()}}
 
     def expected_tokens(self, k: int, width: int = 1) -> float:
         return self.shapes[width].expected_tokens(k)
@@ -118,18 +210,27 @@ class AdaptiveDraftLength:
     def next_draft_len(self, remaining: int) -> int:
         self.rounds += 1
         unmeasured = [w for w, shape in self.shapes.items() if shape.slope is None]
+        chain = self.shapes[min(self.shapes)]
         if self.plain_time is None or self.rounds % (4 * self.probe_every) == 0:
             k = 0  # measure (and now and then re-measure) the cost of a plain step
         elif unmeasured:
             k, self.width = 1, unmeasured[0]  # measure the cost of drafting with the cheapest draft: where
             # drafting cannot pay, exploring at the longest length cost ~13% of a short generation
-        elif self.max_len >= 3 and self.spread_tries < 2 and self.shapes[min(self.shapes)].lengths == {1}:
+        elif self.max_len >= 3 and self.spread_tries < 2 and set(chain.costs) == {1}:
             # once, a longer chain: what a round costs whatever its length (a block drafter's forward, a verify's
             # fixed share) shows only beside another length
             k, self.width, self.spread_tries = max(2, self.max_len // 2), min(self.shapes), self.spread_tries + 1
         else:
-            k, self.width = self.best()
-            chain = self.shapes[min(self.shapes)]
+            rates = self.rates(remaining)
+            k, self.width = max(rates, key=rates.__getitem__)
+            # a close runner-up next to it, not timed of late, is timed again: round times are noisy, and a length
+            # never timed again once it looked dearer than it is would never be chosen again
+            shape, rate = self.shapes[self.width], rates[k, self.width]
+            for near in (k - 1, k + 1) if k and self.calibration is None else ():
+                if (near and rates.get((near, self.width), 0) >= (1 - CLOSE) * rate
+                        and self.rounds - shape.timed.get(near, -STALE - 1) > STALE):
+                    k = near
+                    break
             break_even = chain.cost(1) - 1
             # a cheap probe: has the text become predictable? The rarer, the closer break-even is to "always
             # right" (up to 8x rarer): a probe costs two rounds, and the cost of drafting does not change with the
@@ -149,11 +250,43 @@ class AdaptiveDraftLength:
         self.draft_len = k
         return max(0, min(k, remaining - 1))
 
-    def best(self) -> tuple[int, int]:
+    def rates(self, remaining: int | None = None) -> dict[tuple[int, int], float]:
+        """Expected tokens per plain step's time of each (draft length, width) worth weighing: those measured or
+        between two measured, and the first past the longest measured while `remaining` tokens (None: no end in
+        sight) repay trying it (HORIZON rounds of it)."""
+        rates = {}
+        for w, shape in self.shapes.items():
+            shape.explore(self.rounds)
+            longest = max(shape.costs, default=0)
+            for k in range(self.max_len + 1):
+                expected = shape.expected_tokens(k)
+                if k > longest and remaining is not None and remaining < HORIZON_ALONE * expected:
+                    break
+                rates[(k, w)] = expected / shape.cost(k)
+                if k > longest:
+                    break
+        return rates
+
+    def best(self, remaining: int | None = None) -> tuple[int, int]:
         """The (draft length, width) expected to make the most tokens per second (every shape's cost measured)."""
-        rates = {(k, w): shape.expected_tokens(k) / shape.cost(k)
-                 for w, shape in self.shapes.items() for k in range(self.max_len + 1)}
+        rates = self.rates(remaining)
         return max(rates, key=rates.__getitem__)
+
+    def explain(self) -> list[str]:
+        """Why it drafts what it drafts: the decision, each length's expected speed against plain decoding (a
+        length not yet measured marked "guessed"), the acceptance per draft position and the round costs."""
+        lines = [self.note]
+        if self.plain_time is None or any(shape.slope is None for shape in self.shapes.values()):
+            return lines + ["still measuring: a plain step, then a draft"]
+        for w, shape in self.shapes.items():
+            kind = f"trees of width {w}" if w > 1 else "chains"
+            lines.append(f"{kind}: " + ", ".join(
+                f"k={k} {rate:.2f}x" + ("" if k in shape.costs else " (guessed)")
+                for (k, width), rate in self.rates().items() if width == w and k))
+            lines.append(f"  acceptance by position {' '.join(f'{a:.0%}' for a in shape.acceptance)}; a round costs "
+                         + ", ".join(f"k={k} {c:.2f}" for k, c in sorted(shape.costs.items()))
+                         + f" plain steps ({self.plain_time * 1000:.0f} ms)")
+        return lines
 
     def cut(self, confidence: list[float]) -> int:
         """How many of a chain's drafts to verify, given the drafter's estimate of each one's acceptance: the
@@ -179,7 +312,8 @@ class AdaptiveDraftLength:
         """Learn from a finished round: how far its drafts got, and how long it took (None: not known)."""
         d, shape = self.decay, self.shapes[self.width]
         for j in range(min(draft_len, accepted + 1)):  # positions the verifier actually judged
-            shape.acceptance[j] = d * shape.acceptance[j] + (1 - d) * (j < accepted)
+            shape.judge(j, j < accepted, d)
+            shape.judged[j] = self.rounds
         kind = self.width if draft_len else 0
         first_of_kind = kind not in self.warmed_up
         resumed, self.previous_len = draft_len > 0 and self.previous_len == 0, draft_len
@@ -191,14 +325,19 @@ class AdaptiveDraftLength:
         if seconds is None:
             return
         if draft_len == 0:
-            self.plain_time = seconds if self.plain_time is None else d * self.plain_time + (1 - d) * seconds
+            first = self.plain_time is None or self.calibration is not None
+            self.plain_time = seconds if first else d * self.plain_time + (1 - d) * seconds
+            self.calibration = None
         elif self.plain_time is not None:
-            shape.learn(draft_len, seconds / self.plain_time - 1, PROBE_WEIGHT if fresh else 1 - d)
-
-
-STALE = 16  # rounds after which BatchDraftLength's estimate of a position no round reached is tried again
-PRIOR = 2.0  # the verdicts BatchDraftLength's prior acceptance counts for
-HORIZON = 8  # rounds of a length past the counts measured that must remain for BatchDraftLength to try it
+            r = seconds / self.plain_time - 1
+            if self.calibration is not None:  # the profile's round costs hold; this machine's speed now may not
+                self.calibration.append(seconds / shape.cost(draft_len))  # (other load, a longer context)
+                self.plain_time = sum(self.calibration) / len(self.calibration)
+                if len(self.calibration) == CALIBRATION:
+                    self.calibration = None
+                return
+            shape.learn(draft_len, r, PROBE_WEIGHT if fresh else 1 - d)
+            shape.timed[draft_len] = self.rounds
 
 
 class BatchDraftLength:

@@ -11,6 +11,7 @@ import mlx.core as mx
 class Stats:
     drafter: str = "off"
     policy: str = ""  # the draft-length policy's last decision and why
+    policy_reasons: list[str] = field(default_factory=list)  # the adaptive policy's figures behind it (`explain`)
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # of those, already in the cache from the previous generation
     generated_tokens: int = 0
@@ -70,7 +71,7 @@ class Stats:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
     def to_dict(self) -> dict:
-        names = ["drafter", "policy", "prompt_tokens", "reused_prompt_tokens", "generated_tokens", "rounds",
+        names = ["drafter", "policy", "policy_reasons", "prompt_tokens", "reused_prompt_tokens", "generated_tokens", "rounds",
                  "drafted", "accepted", "nodes", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
                  "prefill_tps", "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory",
                  "drafter_report", "batch_size"]

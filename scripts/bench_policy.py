@@ -1,98 +1,134 @@
-"""Adaptive draft length against plain decoding and against every fixed length, interleaved, one process.
+"""The adaptive draft length against plain decoding and every pinned length, on real weights; also records the
+rounds that tests/test_policy_traces.py replays (tests/traces/).
 
-    python scripts/bench_policy.py [--hidden 768 --layers 12 --tokens 96 --reps 3]
+    python scripts/bench_policy.py draft-1.5b [--tokens 64 --prompts 2 --reps 2 --trace tests/traces]
 
-Two workloads on a random float32 qwen3 target (85M at the defaults, OpenBLAS on Linux):
-  "drafts cannot help": a 2-layer layer-skip draft model that random weights make almost always wrong;
-     goal: adaptive >= 0.97x plain decoding.
-  "drafts help": a free scripted drafter that proposes the target's true greedy continuation, each position
-     independently corrupted with probability 0.2 (an n-gram-like drafter with 80% acceptance); goal: adaptive
-     within 5% of the best fixed length chosen in hindsight.
+For one target and drafter (PAIRS; float32 from scripts/real_models.py), greedy, every contender interleaved in
+one process after an untimed pass: plain decoding, the drafter pinned at k = 1..8 and 12, the adaptive policy as
+a first run on this machine ("adaptive, first run": nothing learnt) and as later runs ("adaptive": starting from
+the profile the earlier adaptive runs kept, as each command does from ~/.cache/mlx-spec/policy; here kept in
+memory, nothing written). Prints each contender's median decode tok/s and its ratio to plain decoding, the
+adaptive runs against the best pinned length chosen in hindsight, whether every output equals plain decoding's,
+and the machine's load. With --trace, writes <pair>.json there: each round's draft length, accepted drafts and
+cost in plain steps (seconds from one round's end to the next, as the engine times them, over the median plain
+step of the same prompt) of the first repetition, and each contender's tok/s.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
+import json
+import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system OpenBLAS on Linux
 
-import mlx.core as mx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
-import tiny  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import interleaved  # noqa: E402
-from mlx_spec.drafters import Draft  # noqa: E402
-from mlx_spec.engine import Engine  # noqa: E402
-from mlx_spec.target import Target  # noqa: E402
+from mlx_spec.bench import Neighbours, spread  # noqa: E402
+from mlx_spec.events import Round, Token  # noqa: E402
 
-PROMPT = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"
-
-
-class ScriptedDrafter:
-    """Knows the greedy continuation; each proposed position is wrong with probability `miss`. Free to run."""
-
-    name = "scripted"
-
-    def __init__(self, reference: list[int], prompt_len: int, miss: float, vocab: int):
-        self.reference, self.prompt_len, self.miss, self.vocab = reference, prompt_len, miss, vocab
-
-    def begin(self, context, prompt_step):
-        self.rng = random.Random(0)
-
-    def propose(self, context, k, params, key):
-        done = len(context) - self.prompt_len
-        tokens = [t if self.rng.random() > self.miss else (t + 1) % self.vocab
-                  for t in self.reference[done:done + k]]
-        return Draft(mx.array(tokens, dtype=mx.int32)) if tokens else Draft.empty()
-
-    def accept(self, context, accepted, step):
-        pass
+PAIRS = {  # name: (target, drafter keyword arguments of mlx_spec.load)
+    "draft-1.5b": ("qwen2.5-coder-1.5b", {"draft_model": "qwen2.5-coder-0.5b"}),
+    "ngram-1.5b": ("qwen2.5-coder-1.5b", {"drafter": "ngram"}),
+    "ngram-0.5b": ("qwen2.5-coder-0.5b", {"drafter": "ngram"}),
+    "ngram-smollm2": ("smollm2-135m", {"drafter": "ngram"}),
+}
+PROMPTS = [
+    "Write a Python function that parses an ISO 8601 date string and returns a datetime, with a docstring.",
+    "Complete this code:\ndef binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n",
+    "Write a Python class for a least-recently-used cache with get and put, and a short usage example.",
+    "Refactor this to use a dataclass:\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
+    "        self.y = y\n    def __repr__(self):\n        return f'Point({self.x}, {self.y})'\n",
+]
+MAX_K, LONGEST = 8, 12
 
 
-def tokens_per_second(engines: dict, ids: list[int], n: int, reps: int) -> dict:
-    return {name: tps for name, (tps, _) in interleaved(engines, ids, n, reps).items()}
+def rounds(engine, ids: list[int], n: int) -> tuple[list[list], float, list[int]]:
+    """[draft_len, accepted, seconds] of each round of a greedy generation of n tokens, its decode tok/s (counted
+    from its first token, as `mlx-spec bench` does) and its tokens."""
+    out, tokens, tick, start = [], [], time.perf_counter(), None
+    for event in engine.stream(ids, max_tokens=n):
+        if isinstance(event, Round):
+            now = time.perf_counter()
+            out.append([event.draft_len, event.accepted, now - tick])
+            tick = now
+        elif isinstance(event, Token):
+            tokens.append(event.id)
+            start = start or time.perf_counter()
+    return out, (len(tokens) - 1) / (time.perf_counter() - start), tokens
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=768)
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--tokens", type=int, default=96)
-    parser.add_argument("--reps", type=int, default=3)
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pair", choices=sorted(PAIRS))
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=2, help=f"how many of the {len(PROMPTS)} code prompts")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--trace", type=Path, help="a folder to write the first repetition's rounds to")
     args = parser.parse_args()
-
-    target_path, draft_path = tiny.build_bench_pair(args.hidden, args.layers, 2)
-    plain = mlx_spec.load(str(target_path), drafter="off")
-    plain.tokenizer.eos_token_ids = []
-    ids = plain.encode(PROMPT)
-    print(f"target: qwen3 d={args.hidden} x{args.layers} float32; BLAS: {linux_blas.describe()}; "
-          f"{args.tokens} tokens, median of {args.reps}, interleaved")
-
-    adaptive = mlx_spec.load(str(target_path), draft_model=str(draft_path))
-    adaptive.tokenizer.eos_token_ids = []
-    speeds = tokens_per_second({"plain": plain, "adaptive": adaptive}, ids, args.tokens, args.reps)
-    print(f"drafts cannot help (layer-skip draft): adaptive {speeds['adaptive']:.2f} vs plain {speeds['plain']:.2f} "
-          f"tok/s = {speeds['adaptive'] / speeds['plain']:.3f}x (goal >= 0.97x); {adaptive.status().policy}")
-
-    reference = plain.generate(ids, max_tokens=args.tokens + 8).tokens
-    vocab = len(plain.tokenizer.get_vocab())
-    model = plain.target.model
-
-    def scripted(draft_len, max_draft_len=6):
-        return Engine(Target(model), plain.tokenizer, ScriptedDrafter(reference, len(ids), 0.2, vocab), draft_len,
-                      max_draft_len)
-    engines = {"plain": plain, "adaptive": scripted(None), **{f"k={k}": scripted(k) for k in range(1, 7)}}
-    speeds = tokens_per_second(engines, ids, args.tokens, args.reps)
-    best = max((name for name in speeds if name.startswith("k=")), key=speeds.get)
-    print("drafts help (scripted, 80% per-position acceptance): " + ", ".join(
-        f"{name} {tps / speeds['plain']:.2f}x" for name, tps in speeds.items()))
-    print(f"  adaptive / best fixed ({best}) = {speeds['adaptive'] / speeds[best]:.3f} (goal >= 0.95); "
-          f"{engines['adaptive'].status().policy}")
+    os.environ["MLX_SPEC_POLICY_PROFILES"] = ""  # profiles kept in memory only: nothing of the user's read or written
+    target, drafter = PAIRS[args.pair]
+    [target_dir] = real_models.converted("bench_policy.py", target)
+    drafter = {key: str(real_models.converted("bench_policy.py", value)[0]) if key == "draft_model" else value
+               for key, value in drafter.items()}
+    engine = mlx_spec.load(str(target_dir), **drafter)
+    adaptive_max = engine.max_draft_len  # the adaptive policy's bound as users run it
+    engine.tokenizer.eos_token_ids = []  # every contender makes exactly n tokens
+    contenders = {"plain": 0, **{f"k={k}": k for k in range(1, MAX_K + 1)}, f"k={LONGEST}": LONGEST,
+                  "adaptive, first run": None, "adaptive": None}
+    what = drafter.get("drafter") or f"draft model {Path(drafter['draft_model']).name}"
+    print(f"{args.pair}: {target_dir.name}, {what}; float32, BLAS: {linux_blas.describe()}; {args.tokens} tokens, "
+          f"{args.prompts} prompts x {args.reps} repetitions, greedy, interleaved; adaptive up to {adaptive_max}",
+          flush=True)
+    prompts, speeds, plain_spread, same, learnt = [], {}, [], True, None
+    with Neighbours() as neighbours:
+        for p, prompt in enumerate(PROMPTS[: args.prompts]):
+            ids = mlx_spec.render_prompt(engine.tokenizer, prompt)
+            first, tokens, plain_runs = {}, {}, []
+            for rep in range(-1 if p == 0 else 0, args.reps):  # first an untimed pass: compilation, first touches
+                for name, k in contenders.items():
+                    engine.max_draft_len = adaptive_max if k is None else LONGEST
+                    engine.learnt = None if name == "adaptive, first run" else learnt
+                    engine.pin(k)  # a fresh policy for each generation, as each command gets
+                    run, tps, tokens[name] = rounds(engine, ids, args.tokens)
+                    if name == "adaptive":
+                        learnt = engine.learnt  # what the next command starts from
+                    if rep >= 0:
+                        speeds.setdefault(name, []).append(tps)
+                        first.setdefault(name, run)
+                        plain_runs += [tps] if k == 0 else []
+                same = same and all(t == tokens["plain"] for t in tokens.values())
+            plain_spread.append(spread(plain_runs))
+            plain_step = statistics.median(seconds for _, _, seconds in first["plain"][3:])
+            prompts.append({"prompt_tokens": len(ids),
+                            "rounds": {name: [[k, a, round(s / plain_step, 3)] for k, a, s in r]
+                                       for name, r in first.items()}})
+    plain = statistics.median(speeds["plain"])
+    pinned = {name: statistics.median(v) for name, v in speeds.items() if name.startswith("k=")}
+    best = max(pinned, key=pinned.get)
+    print("| contender | tok/s (median) | vs plain | vs best pinned |\n|---|---|---|---|")
+    for name, values in speeds.items():
+        tps = statistics.median(values)
+        print(f"| {name} | {tps:.2f} | {tps / plain:.2f}x | {tps / pinned[best]:.3f} |")
+    print(f"best pinned in hindsight: {best}; adaptive / best pinned = "
+          f"{statistics.median(speeds['adaptive']) / pinned[best]:.3f}, first run "
+          f"{statistics.median(speeds['adaptive, first run']) / pinned[best]:.3f}; "
+          f"greedy outputs identical to plain decoding: {'all' if same else 'NO'}")
+    print(neighbours.verdict(max(plain_spread))[1])
+    if args.trace:
+        args.trace.mkdir(parents=True, exist_ok=True)
+        path = args.trace / f"{args.pair}.json"
+        path.write_text(json.dumps({"trace": args.pair, "target": target, "drafter": drafter.get("drafter", "draft"),
+                                    "tokens": args.tokens, "load": round(neighbours.share, 3), "prompts": prompts},
+                                   separators=(",", ":")) + "\n")
+        print(f"wrote {path}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

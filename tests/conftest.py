@@ -4,6 +4,9 @@ import os
 # way whatever the number of rows, so a k-token verify matches k single-token steps bit for bit. Set before
 # mlx_spec is imported (which would otherwise point MLX at the system OpenBLAS); test_blas.py checks that path.
 os.environ.setdefault("MLX_SPEC_BLAS", "bundled")
+# Each test's adaptive policy starts from nothing, not from what an earlier test's engine learnt and kept on disk
+# (the profiles' own tests point this at a folder of theirs).
+os.environ["MLX_SPEC_POLICY_PROFILES"] = ""
 
 import mlx_spec  # noqa: E402, F401  before anything imports mlx
 import pytest  # noqa: E402

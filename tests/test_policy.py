@@ -108,8 +108,8 @@ def test_chooses_trees_where_they_pay():
     assert {w for k, w in late if k} == {3}
     policy = AdaptiveDraftLength(max_len=4, widths=(1, 3))
     late = run(policy, {1: 2, 3: 3}, {1: 0.05, 3: 1.0})  # a tree position costs a whole plain step: chains
-    assert {w for k, w in late if k} == {1}
-    assert policy.note.startswith("draft length 2: expected")
+    assert {w for k, w in late if k} == {1} and statistics.mode(k for k, w in late) == 2  # a longer one now and then
+    assert policy.note.startswith("draft length") and "trees" not in policy.note
 
 
 class SwitchingDrafter(CorruptedOracleDrafter):

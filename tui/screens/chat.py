@@ -209,7 +209,7 @@ class ChatScreen(Screen):
     def show_status(self) -> None:
         """The panel before any turn with this engine: its drafter and policy."""
         status = self.engine.status()
-        self.notify_stats(Stats(drafter=status.drafter, policy=status.policy))
+        self.notify_stats(Stats(drafter=status.drafter, policy=status.policy, policy_reasons=status.reasons[1:]))
 
     def notify_stats(self, stats: Stats) -> None:
         self.query_one(StatsPanel).show(stats, self.history, self.plain_tps, self.app.memory_report(self.engine))

@@ -28,7 +28,8 @@ class StatsPanel(VerticalScroll, can_focus=False):
         self.query_one("#history", Sparkline).data = history[-60:]
 
     def show(self, stats: Stats, history: list[float], plain_tps: float | None, memory: MemoryReport) -> None:
-        self.query_one("#drafter", Static).update(f"drafter: {stats.drafter}\n{stats.policy}")
+        self.query_one("#drafter", Static).update("\n".join([f"drafter: {stats.drafter}", stats.policy,
+                                                             *stats.policy_reasons]))
         positions = " ".join(f"{a:.0%}" for a in stats.per_position_acceptance)
         self.query_one("#acceptance", Static).update(
             f"acceptance {stats.acceptance_rate:.1%} ({stats.accepted}/{stats.drafted})\n"

@@ -1,0 +1,126 @@
+"""The adaptive policy replayed on rounds recorded on real weights (`scripts/bench_policy.py PAIR --trace
+tests/traces`): for every position of each recorded answer, the drafts offered and accepted from there, and what
+each round of each draft length cost in plain steps on that machine. A replay charges the policy's choices those
+costs, so its choices are checked against every pinned length without timing anything here."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlx_spec.drafter_kinds import DRAFTERS
+from mlx_spec.engine import UNTIMED_ROUNDS
+from mlx_spec.policy import AdaptiveDraftLength
+
+TRACES = sorted((Path(__file__).parent / "traces").glob("*.json"))
+PINNED = range(1, 9)
+
+
+def answer_positions(generations: dict[str, list], tokens: int) -> tuple[list[int], list[int]]:
+    """For every position of an answer, the drafts the drafter offers from there and how many of them the target
+    accepts, from the rounds of generations of it at every pinned length. A round from p that accepted L < k of k
+    drafts says L at p and, greedy drafts from a context being a prefix of the longer draft from the same context,
+    L - d at p + d; one that accepted all k says at least k - d (nothing of p + k, where the target's own token
+    came). A round that drafted fewer than its pinned length (n-gram found no more) says what is offered at p;
+    where no round says, the drafter is taken to offer all that is asked."""
+    exact, at_least, offered = {}, [0] * tokens, {}
+    for name, rounds in generations.items():
+        pinned, p = int(name[2:]) if name.startswith("k=") else None, 0
+        for k, accepted, _ in rounds:
+            if pinned and k < min(pinned, tokens - 1 - p):
+                offered.setdefault(p, k)
+            for d in range(accepted + (accepted < k)):
+                if accepted < k:
+                    exact.setdefault(p + d, accepted - d)
+                elif p + d < tokens:
+                    at_least[p + d] = max(at_least[p + d], accepted - d)
+            p += accepted + 1
+    return [exact.get(p, at_least[p]) for p in range(tokens)], [offered.get(p, tokens) for p in range(tokens)]
+
+
+class Replay:
+    """One recorded answer: at each position, the drafts offered and accepted (`answer_positions`); `costs[k]`,
+    the recorded costs of rounds of k drafts (after each generation's untimed rounds), replayed in turn; "none":
+    rounds that asked for drafts and got none (an n-gram lookup that found nothing costs more than a plain step)."""
+
+    def __init__(self, prompt: dict, tokens: int):
+        self.runs, self.offered = answer_positions(prompt["rounds"], tokens)
+        self.costs: dict[int | str, list[float]] = {}
+        for name, rounds in prompt["rounds"].items():
+            for k, _, cost in rounds[UNTIMED_ROUNDS:]:
+                self.costs.setdefault("none" if k == 0 and name != "plain" else k, []).append(cost)
+
+    def speed(self, policy, tokens: int | None = None) -> float:
+        """Tokens per plain step's time of a generation of `tokens` (all recorded) under `policy`."""
+        tokens = tokens or len(self.runs)
+        done, spent, used = 0, 0.0, {}
+        for i in range(10 * tokens):
+            if done >= tokens:
+                break
+            asked = policy.next_draft_len(tokens - done)
+            k = min(asked, self.offered[done])
+            accepted = min(k, self.runs[done])
+            kind = "none" if asked and not k and "none" in self.costs else k
+            cost = self.costs[kind][used.get(kind, 0) % len(self.costs[kind])]
+            used[kind] = used.get(kind, 0) + 1
+            policy.observe(k, accepted, cost if i >= UNTIMED_ROUNDS else None)
+            spent += cost
+            done += accepted + 1
+        return tokens / spent
+
+
+class Pinned:
+    def __init__(self, k):
+        self.k = k
+
+    def next_draft_len(self, remaining):
+        return min(self.k, remaining - 1)
+
+    def observe(self, *args):
+        pass
+
+
+def replays(path: Path) -> tuple[int, list[Replay]]:
+    """The adaptive policy's longest draft for the trace's drafter (as users run it now), and its answers."""
+    trace = json.loads(path.read_text())
+    kind = DRAFTERS["draft-model" if trace["drafter"] == "draft" else trace["drafter"]]
+    return kind.max_draft_len, [Replay(prompt, trace["tokens"]) for prompt in trace["prompts"]]
+
+
+def overall(speeds: list[float]) -> float:
+    """Tokens per plain step's time over answers of equal length."""
+    return len(speeds) / sum(1 / speed for speed in speeds)
+
+
+def commands(replays: list[Replay], max_len: int, profile: dict | None) -> tuple[float, dict | None]:
+    """Each answer as a command of its own, starting from the profile the one before kept."""
+    speeds = []
+    for replay in replays:
+        policy = AdaptiveDraftLength(max_len, profile=profile)
+        speeds.append(replay.speed(policy))
+        profile = policy.profile() or profile
+    return overall(speeds), profile
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda path: path.stem)
+def test_adaptive_nears_the_best_pinned_length_once_it_has_a_profile(path):
+    """Commands that start from what earlier ones learnt (the profile kept on disk, here from one pass over the
+    answers) run at >= 0.95 of the best length pinned in hindsight for them all, and >= 0.97 of plain decoding.
+    (0.98 is the goal; 64-token answers of a few rounds each leave the hindsight pick a few lucky percent.)"""
+    max_len, answers = replays(path)
+    pinned = {k: overall([replay.speed(Pinned(k)) for replay in answers]) for k in PINNED}
+    plain = overall([replay.speed(Pinned(0)) for replay in answers])
+    _, profile = commands(answers, max_len, None)
+    adaptive, _ = commands(answers, max_len, profile)
+    assert adaptive >= 0.95 * max(pinned.values()) and adaptive >= 0.97 * plain, (adaptive, plain, pinned)
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda path: path.stem)
+def test_a_first_generation_finds_its_length_at_a_bounded_cost(path):
+    """From nothing (a first run on this machine): a plain step, a draft and a longer draft measured on the way,
+    then one length past the longest measured at a time."""
+    max_len, answers = replays(path)
+    pinned = {k: overall([replay.speed(Pinned(k)) for replay in answers]) for k in PINNED}
+    plain = overall([replay.speed(Pinned(0)) for replay in answers])
+    cold = overall([replay.speed(AdaptiveDraftLength(max_len)) for replay in answers])
+    assert cold >= 0.83 * max(pinned.values()) and cold >= 0.97 * plain, (cold, plain, pinned)
