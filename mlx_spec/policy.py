@@ -23,6 +23,7 @@ from __future__ import annotations
 
 PROBE_WEIGHT = 0.5  # a draft's cost measured by a probe, against the estimate from before drafting stopped
 STALE = 16  # rounds after which a draft position no round judged is taken to pass as often as the one before
+STALE_ALONE = 8  # the same for one sequence, whose generations are often a few dozen rounds
 PRIOR = 2.0  # the verdicts a prior acceptance counts for
 HORIZON = 8  # rounds of a length not yet measured that must remain for the policies to try it
 PROFILE_WEIGHT = 3  # the measurements a cost from a profile counts for against this run's
@@ -70,7 +71,7 @@ class Shape:
 
     def __init__(self, max_len: int, prior_acceptance: float):
         self.acceptance = [prior_acceptance] * max_len  # P(position j accepted | positions < j accepted)
-        self.judged = [-STALE - 1] * max_len  # the round that last judged each position (none: stale from the start)
+        self.judged = [-STALE_ALONE - 1] * max_len  # the round that last judged each position (none: stale already)
         self.verdicts = [PRIOR] * max_len  # the verdicts each position's acceptance stands on, decayed each time
         self.totals = [[prior_acceptance * PRIOR, PRIOR] for _ in range(max_len)]  # passed, judged: the long run
         self.costs: dict[int, float] = {}  # draft length -> a round's time in plain steps, running mean
@@ -131,11 +132,11 @@ class Shape:
             self.fixed, self.slope = mean_r - slope * mean_k, slope
 
     def explore(self, rounds: int) -> None:
-        """A position no round judged of late (STALE rounds) past one judged of late is taken to pass at least as
+        """A position no round judged of late (STALE_ALONE rounds) past one judged of late is taken to pass as
         often as the one before it: else a policy that found short drafts paying would never learn whether longer
         ones do (a shape not drafted of late keeps its estimates: it lost to another)."""
         for j in range(1, len(self.acceptance)):
-            if (rounds - self.judged[j] > STALE >= rounds - self.judged[j - 1]
+            if (rounds - self.judged[j] > STALE_ALONE >= rounds - self.judged[j - 1]
                     and self.acceptance[j] < self.acceptance[j - 1]):
                 self.acceptance[j], self.verdicts[j] = self.acceptance[j - 1], min(self.verdicts[j], PRIOR)
 
@@ -222,13 +223,15 @@ class AdaptiveDraftLength:
             k, self.width, self.spread_tries = max(2, self.max_len // 2), min(self.shapes), self.spread_tries + 1
         else:
             rates = self.rates(remaining)
+            if self.calibration is not None:  # from a profile that drafts: its first rounds draft whatever one
+                rates = {key: rate for key, rate in rates.items() if key[0]} or rates  # rejection says
             k, self.width = max(rates, key=rates.__getitem__)
             # a close runner-up next to it, not timed of late, is timed again: round times are noisy, and a length
             # never timed again once it looked dearer than it is would never be chosen again
             shape, rate = self.shapes[self.width], rates[k, self.width]
             for near in (k - 1, k + 1) if k and self.calibration is None else ():
                 if (near and rates.get((near, self.width), 0) >= (1 - CLOSE) * rate
-                        and self.rounds - shape.timed.get(near, -STALE - 1) > STALE):
+                        and self.rounds - shape.timed.get(near, -STALE_ALONE - 1) > STALE_ALONE):
                     k = near
                     break
             break_even = chain.cost(1) - 1

@@ -2,6 +2,7 @@
 rounds that tests/test_policy_traces.py replays (tests/traces/).
 
     python scripts/bench_policy.py draft-1.5b [--tokens 64 --prompts 2 --reps 2 --trace tests/traces]
+    python scripts/bench_policy.py ngram-smollm2 --context 512,2048,7680 --tokens 128 --reps 1
 
 For one target and drafter (PAIRS; float32 from scripts/real_models.py), greedy, every contender interleaved in
 one process after an untimed pass: plain decoding, the drafter pinned at k = 1..8 and 12, the adaptive policy as
@@ -9,9 +10,11 @@ a first run on this machine ("adaptive, first run": nothing learnt) and as later
 the profile the earlier adaptive runs kept, as each command does from ~/.cache/mlx-spec/policy; here kept in
 memory, nothing written). Prints each contender's median decode tok/s and its ratio to plain decoding, the
 adaptive runs against the best pinned length chosen in hindsight, whether every output equals plain decoding's,
-and the machine's load. With --trace, writes <pair>.json there: each round's draft length, accepted drafts and
-cost in plain steps (seconds from one round's end to the next, as the engine times them, over the median plain
-step of the same prompt) of the first repetition, and each contender's tok/s.
+and the machine's load. --context: the same at each length of a long context (the start of a real source file,
+a question at the end), where verifying costs and acceptance change with depth. With --trace, writes
+<pair>.json there: each round's draft length, accepted drafts and cost in plain steps (seconds from one round's
+end to the next, as the engine times them, over the median plain step of the same prompt) of the first
+repetition.
 """
 
 from __future__ import annotations
@@ -63,12 +66,70 @@ def rounds(engine, ids: list[int], n: int) -> tuple[list[list], float, list[int]
     return out, (len(tokens) - 1) / (time.perf_counter() - start), tokens
 
 
+def long_context(tokenizer, tokens: int) -> list[dict]:
+    """A chat of about `tokens` tokens: the start of a real source file (Python's own argparse.py), then a question
+    about it at the end."""
+    question = "\n```\nSummarize what the code above does, then write a unit test for one of its functions."
+    kept, count = [], 0
+    for line in Path(argparse.__file__).read_text().splitlines(keepends=True):
+        count += len(tokenizer.encode(line, add_special_tokens=False))
+        if count > tokens - 60:
+            break
+        kept.append(line)
+    return [{"role": "user", "content": "```python\n" + "".join(kept) + question}]
+
+
+def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: int, reps: int, learnt=None):
+    """Every contender on every chat, interleaved after an untimed pass: tok/s by contender, whether every output
+    equals plain decoding's, the worst spread of plain runs, the first repetition's rounds, and the profile the
+    "adaptive" runs kept (what the next starts from)."""
+    speeds, plain_spread, same, traces = {}, [], True, []
+    for p, chat in enumerate(chats):
+        ids = mlx_spec.render_prompt(engine.tokenizer, chat)
+        first, outputs, plain_runs = {}, {}, []
+        for rep in range(-1 if p == 0 else 0, reps):  # first an untimed pass: compilation, first touches
+            for name, k in contenders.items():
+                engine.max_draft_len = adaptive_max if k is None else LONGEST
+                engine.learnt = None if name == "adaptive, first run" else learnt
+                engine.pin(k)  # a fresh policy for each generation, as each command gets
+                run, tps, outputs[name] = rounds(engine, ids, tokens)
+                if name == "adaptive":
+                    learnt = engine.learnt  # what the next command starts from
+                if rep >= 0:
+                    speeds.setdefault(name, []).append(tps)
+                    first.setdefault(name, run)
+                    plain_runs += [tps] if k == 0 else []
+            same = same and all(t == outputs["plain"] for t in outputs.values())
+        plain_spread.append(spread(plain_runs))
+        plain_step = statistics.median(seconds for _, _, seconds in first["plain"][3:])
+        traces.append({"prompt_tokens": len(ids),
+                       "rounds": {name: [[k, a, round(s / plain_step, 3)] for k, a, s in r]
+                                  for name, r in first.items()}})
+    return speeds, same, max(plain_spread), traces, learnt
+
+
+def report(speeds: dict, same: bool) -> None:
+    plain = statistics.median(speeds["plain"])
+    pinned = {name: statistics.median(v) for name, v in speeds.items() if name.startswith("k=")}
+    best = max(pinned, key=pinned.get)
+    print("| contender | tok/s (median) | vs plain | vs best pinned |\n|---|---|---|---|")
+    for name, values in speeds.items():
+        tps = statistics.median(values)
+        print(f"| {name} | {tps:.2f} | {tps / plain:.2f}x | {tps / pinned[best]:.3f} |")
+    print(f"best pinned in hindsight: {best}; adaptive / best pinned = "
+          f"{statistics.median(speeds['adaptive']) / pinned[best]:.3f}, first run "
+          f"{statistics.median(speeds['adaptive, first run']) / pinned[best]:.3f}; "
+          f"greedy outputs identical to plain decoding: {'all' if same else 'NO'}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("pair", choices=sorted(PAIRS))
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=2, help=f"how many of the {len(PROMPTS)} code prompts")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--context", default="", help="instead, a ladder of long contexts: prompt lengths in "
+                        "tokens, comma-separated (a source file, the question at the end), a table each")
     parser.add_argument("--trace", type=Path, help="a folder to write the first repetition's rounds to")
     args = parser.parse_args()
     os.environ["MLX_SPEC_POLICY_PROFILES"] = ""  # profiles kept in memory only: nothing of the user's read or written
@@ -82,52 +143,30 @@ def main() -> int:
     contenders = {"plain": 0, **{f"k={k}": k for k in range(1, MAX_K + 1)}, f"k={LONGEST}": LONGEST,
                   "adaptive, first run": None, "adaptive": None}
     what = drafter.get("drafter") or f"draft model {Path(drafter['draft_model']).name}"
+    rungs = [int(n) for n in args.context.split(",") if n]
+    shown = f"contexts of {args.context} tokens" if rungs else f"{args.prompts} prompts"
     print(f"{args.pair}: {target_dir.name}, {what}; float32, BLAS: {linux_blas.describe()}; {args.tokens} tokens, "
-          f"{args.prompts} prompts x {args.reps} repetitions, greedy, interleaved; adaptive up to {adaptive_max}",
-          flush=True)
-    prompts, speeds, plain_spread, same, learnt = [], {}, [], True, None
+          f"{shown} x {args.reps} repetitions, greedy, interleaved; adaptive up to {adaptive_max}", flush=True)
+    spreads, all_same, learnt = [], True, None
     with Neighbours() as neighbours:
-        for p, prompt in enumerate(PROMPTS[: args.prompts]):
-            ids = mlx_spec.render_prompt(engine.tokenizer, prompt)
-            first, tokens, plain_runs = {}, {}, []
-            for rep in range(-1 if p == 0 else 0, args.reps):  # first an untimed pass: compilation, first touches
-                for name, k in contenders.items():
-                    engine.max_draft_len = adaptive_max if k is None else LONGEST
-                    engine.learnt = None if name == "adaptive, first run" else learnt
-                    engine.pin(k)  # a fresh policy for each generation, as each command gets
-                    run, tps, tokens[name] = rounds(engine, ids, args.tokens)
-                    if name == "adaptive":
-                        learnt = engine.learnt  # what the next command starts from
-                    if rep >= 0:
-                        speeds.setdefault(name, []).append(tps)
-                        first.setdefault(name, run)
-                        plain_runs += [tps] if k == 0 else []
-                same = same and all(t == tokens["plain"] for t in tokens.values())
-            plain_spread.append(spread(plain_runs))
-            plain_step = statistics.median(seconds for _, _, seconds in first["plain"][3:])
-            prompts.append({"prompt_tokens": len(ids),
-                            "rounds": {name: [[k, a, round(s / plain_step, 3)] for k, a, s in r]
-                                       for name, r in first.items()}})
-    plain = statistics.median(speeds["plain"])
-    pinned = {name: statistics.median(v) for name, v in speeds.items() if name.startswith("k=")}
-    best = max(pinned, key=pinned.get)
-    print("| contender | tok/s (median) | vs plain | vs best pinned |\n|---|---|---|---|")
-    for name, values in speeds.items():
-        tps = statistics.median(values)
-        print(f"| {name} | {tps:.2f} | {tps / plain:.2f}x | {tps / pinned[best]:.3f} |")
-    print(f"best pinned in hindsight: {best}; adaptive / best pinned = "
-          f"{statistics.median(speeds['adaptive']) / pinned[best]:.3f}, first run "
-          f"{statistics.median(speeds['adaptive, first run']) / pinned[best]:.3f}; "
-          f"greedy outputs identical to plain decoding: {'all' if same else 'NO'}")
-    print(neighbours.verdict(max(plain_spread))[1])
-    if args.trace:
+        for rung in rungs or [None]:
+            chats = [long_context(engine.tokenizer, rung)] if rung else PROMPTS[: args.prompts]
+            speeds, same, plain_spread, traces, learnt = measure(engine, chats, contenders, adaptive_max,
+                                                                 args.tokens, args.reps, learnt)
+            if rung:
+                print(f"\ncontext of {traces[0]['prompt_tokens']} tokens:")
+            report(speeds, same)
+            spreads.append(plain_spread)
+            all_same = all_same and same
+    print(neighbours.verdict(max(spreads))[1])
+    if args.trace and not rungs:
         args.trace.mkdir(parents=True, exist_ok=True)
         path = args.trace / f"{args.pair}.json"
         path.write_text(json.dumps({"trace": args.pair, "target": target, "drafter": drafter.get("drafter", "draft"),
-                                    "tokens": args.tokens, "load": round(neighbours.share, 3), "prompts": prompts},
+                                    "tokens": args.tokens, "load": round(neighbours.share, 3), "prompts": traces},
                                    separators=(",", ":")) + "\n")
         print(f"wrote {path}")
-    return 0 if same else 1
+    return 0 if all_same else 1
 
 
 if __name__ == "__main__":

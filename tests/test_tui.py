@@ -81,6 +81,8 @@ def test_a_turn_streams_and_updates_the_statistics(engine, tmp_path):
             assert panel(app, "acceptance").startswith("acceptance")
             assert "tok/s decode" in panel(app, "speed")
             assert "memory pressure" in panel(app, "pressure")
+            # why the adaptive policy drafts what it drafts: each length's expected speed, acceptance, round costs
+            assert "\nchains: k=1 " in panel(app, "drafter") and "a round costs k=1 " in panel(app, "drafter")
             assert app.screen.history  # one entry per round
             first_prompt = app.screen.last_stats.prompt_tokens
             await ask(app, pilot, "and again")  # a second turn, with the first in the chat history
