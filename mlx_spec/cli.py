@@ -390,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if program:
+            import mlx.core  # noqa: F401  under the quiet handler: a Ctrl+C inside MLX's native start-up is not
+            # a KeyboardInterrupt Python can unwind (nanobind prints "Critical nanobind error" and a traceback)
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if hasattr(args, "drafter"):
             check_model_flags(args)

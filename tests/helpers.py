@@ -140,6 +140,12 @@ class RandomDraftLengths:
     def observe(self, draft_len, accepted, seconds, rows=None):
         pass
 
+    def explain(self):
+        return [self.note]
+
+    def profile(self):
+        return None
+
 
 def default_ctrl_c():
     """In the child: Ctrl+C at its default, as in a terminal, even when this run inherited it ignored (a shell
