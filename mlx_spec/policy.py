@@ -22,10 +22,10 @@ length under the same costs (`cut`).
 from __future__ import annotations
 
 PROBE_WEIGHT = 0.5  # a draft's cost measured by a probe, against the estimate from before drafting stopped
-STALE = 16  # rounds after which a draft position no round judged is taken to pass as often as the one before
+STALE = 16  # rounds after which a batch's draft position no round judged is taken to pass as the one before
 STALE_ALONE = 8  # the same for one sequence, whose generations are often a few dozen rounds
 PRIOR = 2.0  # the verdicts a prior acceptance counts for
-HORIZON = 8  # rounds of a length not yet measured that must remain for the policies to try it
+HORIZON = 8  # rounds of a length not yet measured that must remain for a batch to try it
 PROFILE_WEIGHT = 3  # the measurements a cost from a profile counts for against this run's
 LONG_RUN = 8  # the verdicts a profile's long-run acceptance counts for against this run's, in what it keeps
 CALIBRATION = 3  # timed drafting rounds that, from a profile, set this run's plain step (no cost learnt from them)
@@ -151,8 +151,7 @@ class Shape:
     def saved(self) -> dict:
         """What a profile keeps: the long-run acceptance (not the last rounds': the next text may differ), costs."""
         return {"acceptance": [round(passed / judged, 4) for passed, judged in self.totals], "fixed": self.fixed,
-                "slope": self.slope,
-                "costs": {str(k): round(c, 4) for k, c in sorted(self.costs.items())}}
+                "slope": self.slope, "costs": {str(k): round(c, 4) for k, c in sorted(self.costs.items())}}
 
     def resume(self, saved: dict) -> None:
         """Start from what a profile saved (`saved`): its costs count for PROFILE_WEIGHT measurements each."""
@@ -256,7 +255,7 @@ class AdaptiveDraftLength:
     def rates(self, remaining: int | None = None) -> dict[tuple[int, int], float]:
         """Expected tokens per plain step's time of each (draft length, width) worth weighing: those measured or
         between two measured, and the first past the longest measured while `remaining` tokens (None: no end in
-        sight) repay trying it (HORIZON rounds of it)."""
+        sight) repay trying it (HORIZON_ALONE rounds of it)."""
         rates = {}
         for w, shape in self.shapes.items():
             shape.explore(self.rounds)
