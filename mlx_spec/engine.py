@@ -306,7 +306,7 @@ class Engine:
     def decide(self, remaining: int) -> int:
         """The next round's draft length (and tree width), by the policy in force (a `pin` takes effect here)."""
         self.policy = self.policy_now()
-        draft_len = self.policy.next_draft_len(remaining)
+        draft_len = self.policy.next_draft_len(remaining, getattr(self.drafter, "outlook", None))
         if self.tree_width > 1:
             self.drafter.width = self.policy.width
         return draft_len

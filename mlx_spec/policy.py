@@ -16,7 +16,8 @@ predictable again or drafts turn out cheaper than measured (a probe is two round
 nothing of the cost; the second's counts for half). What it learnt (`profile`) can start the next generation's
 policy, so a run starts at the length that paid last time. Its `note` says what it decided, `explain` why. A
 drafter that estimates each draft's acceptance (DSpark's confidence head) has its chain cut to the most profitable
-length under the same costs (`cut`).
+length under the same costs (`cut`); one that says before a round what it expects of its next chain (n-gram's
+`outlook`) has that expectation weighed instead of the acceptance by position, and no probes.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class FixedDraftLength:
         shape = f", trees of width {width}" if width > 1 and draft_len else ""
         self.note = f"draft length {draft_len} (pinned){shape}" if draft_len else "drafting off"
 
-    def next_draft_len(self, remaining: int) -> int:
+    def next_draft_len(self, remaining: int, outlook: list[float] | None = None) -> int:
         return max(0, min(self.draft_len, remaining - 1))
 
     def drafts_at(self, rows: int) -> bool:
@@ -81,10 +82,11 @@ class Shape:
         self.fixed = 0.0  # the line's cost of a drafting round whatever its length (a block drafter's one forward)
         self.moments: tuple[float, ...] | None = None  # running means of k, k^2, r, k r; r = T(k) / T(0) - 1
 
-    def expected_tokens(self, k: int) -> float:
-        """Tokens per round with k drafts: 1 + sum over i of the chance that drafts 1..i all pass."""
+    def expected_tokens(self, k: int, acceptance: list[float] | None = None) -> float:
+        """Tokens per round with k drafts: 1 + sum over i of the chance that drafts 1..i all pass (by the
+        acceptance by position learnt, or `acceptance`, the drafter's outlook)."""
         total, passed = 1.0, 1.0
-        for a in self.acceptance[:k]:
+        for a in (self.acceptance if acceptance is None else acceptance)[:k]:
             passed *= a
             total += passed
         return total
@@ -187,6 +189,7 @@ class AdaptiveDraftLength:
         self.uncosted = False  # the last round drafted but its time said nothing of a draft's cost
         self.spread_tries = 0  # rounds drafted at a second length to fit a round's fixed cost
         self.calibration: list[float] | None = None  # from a profile: plain steps inferred from the first rounds
+        self.outlook: list[float] | None = None  # the drafter's, at the last round decided (None: it has none)
         self.draft_len, self.width, self.widest = max_len, widths[0], widths[-1]
         self.note = f"adaptive draft length, up to {max_len}" + (f", chains or trees of width {widths[-1]}"
                                                                   if len(widths) > 1 else "")
@@ -205,10 +208,13 @@ class AdaptiveDraftLength:
         return {"plain_time": self.plain_time, "shapes": {str(w): s.saved() for w, s in self.shapes.items()}}
 
     def expected_tokens(self, k: int, width: int = 1) -> float:
-        return self.shapes[width].expected_tokens(k)
+        return self.shapes[width].expected_tokens(k, self.outlook if width == min(self.shapes) else None)
 
-    def next_draft_len(self, remaining: int) -> int:
+    def next_draft_len(self, remaining: int, outlook: list[float] | None = None) -> int:
+        """outlook: the drafter's estimate of each draft's acceptance in its next chain, each given the ones
+        before passed (None: it makes none)."""
         self.rounds += 1
+        self.outlook = outlook
         unmeasured = [w for w, shape in self.shapes.items() if shape.slope is None]
         chain = self.shapes[min(self.shapes)]
         if self.plain_time is None or self.rounds % (4 * self.probe_every) == 0:
@@ -238,7 +244,7 @@ class AdaptiveDraftLength:
             # right" (up to 8x rarer): a probe costs two rounds, and the cost of drafting does not change with the
             # text. Or the probe's second round: the first resumed drafting (no cost signal), and a cost once
             # overestimated would otherwise keep drafting off for good
-            if k == 0 and (self.uncosted or probe_due(self.rounds, self.probe_every, break_even)):
+            if k == 0 and (self.uncosted or outlook is None and probe_due(self.rounds, self.probe_every, break_even)):
                 k, self.width = 1, min(self.shapes)
             if k:
                 tree = f", trees of width {self.width}" if self.width > 1 else ""
@@ -246,6 +252,10 @@ class AdaptiveDraftLength:
             elif break_even > 1:
                 self.note = (f"drafting off: one draft costs {break_even:.2f} plain steps here, more than even an "
                              "always-right draft gains")
+            elif outlook is not None:
+                self.note = (f"drafting off: the drafter expects its next first draft to pass {outlook[0]:.0%} of the "
+                             f"time, below break-even {break_even:.0%}" if outlook else
+                             "drafting off: the drafter has nothing to draft here")
             else:
                 self.note = (f"drafting off: recent first-draft acceptance {chain.acceptance[0]:.0%} is below "
                              f"break-even {break_even:.0%}")
@@ -261,7 +271,7 @@ class AdaptiveDraftLength:
             shape.explore(self.rounds)
             longest = max(shape.costs, default=0)
             for k in range(self.max_len + 1):
-                expected = shape.expected_tokens(k)
+                expected = self.expected_tokens(k, w)
                 if k > longest and remaining is not None and remaining < HORIZON_ALONE * expected:
                     break
                 rates[(k, w)] = expected / shape.cost(k)
@@ -288,13 +298,16 @@ class AdaptiveDraftLength:
             lines.append(f"  acceptance by position {' '.join(f'{a:.0%}' for a in shape.acceptance)}; a round costs "
                          + ", ".join(f"k={k} {c:.2f}" for k, c in sorted(shape.costs.items()))
                          + f" plain steps ({self.plain_time * 1000:.0f} ms)")
+            if self.outlook is not None and w == min(self.shapes):
+                lines.append("  the drafter expects of its next chain, by position: "
+                             + (" ".join(f"{a:.0%}" for a in self.outlook[: self.max_len]) or "no draft"))
         return lines
 
     def cut(self, confidence: list[float]) -> int:
         """How many of a chain's drafts to verify, given the drafter's estimate of each one's acceptance: the
         number (at least one) with the most expected tokens per round time under this run's costs."""
         chain = self.shapes[min(self.shapes)]
-        if chain.slope is None:
+        if chain.slope is None or not confidence:
             return len(confidence)
         rates, expected, passed = {}, 1.0, 1.0
         for k, chance in enumerate(confidence, 1):

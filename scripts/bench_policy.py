@@ -12,9 +12,9 @@ memory, nothing written). Prints each contender's median decode tok/s and its ra
 adaptive runs against the best pinned length chosen in hindsight, whether every output equals plain decoding's,
 and the machine's load. --context: the same at each length of a long context (the start of a real source file,
 a question at the end), where verifying costs and acceptance change with depth. With --trace, writes
-<pair>.json there: each round's draft length, accepted drafts and cost in plain steps (seconds from one round's
-end to the next, as the engine times them, over the median plain step of the same prompt) of the first
-repetition.
+<pair>.json there (a ladder: <pair>-context.json, one prompt a rung): the prompt's and the answer's tokens, and
+each round's draft length, accepted drafts and cost in plain steps (seconds from one round's end to the next, as
+the engine times them, over the median plain step of the same prompt) of the first repetition.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: in
             same = same and all(t == outputs["plain"] for t in outputs.values())
         plain_spread.append(spread(plain_runs))
         plain_step = statistics.median(seconds for _, _, seconds in first["plain"][3:])
-        traces.append({"prompt_tokens": len(ids),
+        traces.append({"prompt_tokens": len(ids), "prompt": ids, "answer": outputs["plain"],
                        "rounds": {name: [[k, a, round(s / plain_step, 3)] for k, a, s in r]
                                   for name, r in first.items()}})
     return speeds, same, max(plain_spread), traces, learnt
@@ -148,7 +148,7 @@ def main() -> int:
     shown = f"contexts of {args.context} tokens" if rungs else f"{args.prompts} prompts"
     print(f"{args.pair}: {target_dir.name}, {what}; float32, BLAS: {linux_blas.describe()}; {args.tokens} tokens, "
           f"{shown} x {args.reps} repetitions, greedy, interleaved; adaptive up to {adaptive_max}", flush=True)
-    spreads, all_same, learnt = [], True, None
+    spreads, all_same, learnt, traced = [], True, None, []
     with Neighbours() as neighbours:
         for rung in rungs or [None]:
             chats = [long_context(engine.tokenizer, rung)] if rung else PROMPTS[: args.prompts]
@@ -158,13 +158,15 @@ def main() -> int:
                 print(f"\ncontext of {traces[0]['prompt_tokens']} tokens:")
             report(speeds, same)
             spreads.append(plain_spread)
+            traced += traces
             all_same = all_same and same
     print(neighbours.verdict(max(spreads))[1])
-    if args.trace and not rungs:
+    if args.trace:
         args.trace.mkdir(parents=True, exist_ok=True)
-        path = args.trace / f"{args.pair}.json"
-        path.write_text(json.dumps({"trace": args.pair, "target": target, "drafter": drafter.get("drafter", "draft"),
-                                    "tokens": args.tokens, "load": round(neighbours.share, 3), "prompts": traces},
+        name = f"{args.pair}-context" if rungs else args.pair
+        path = args.trace / f"{name}.json"
+        path.write_text(json.dumps({"trace": name, "target": target, "drafter": drafter.get("drafter", "draft"),
+                                    "tokens": args.tokens, "load": round(neighbours.share, 3), "prompts": traced},
                                    separators=(",", ":")) + "\n")
         print(f"wrote {path}")
     return 0 if all_same else 1

@@ -109,7 +109,7 @@ class Unreadied(FixedDraftLength):
     def drafts_at(self, rows: int = 1) -> bool:
         return False
 
-    def next_draft_len(self, remaining: int) -> int:
+    def next_draft_len(self, remaining: int, outlook=None) -> int:
         self.rounds += 1
         return 0 if self.rounds < 3 else min(2, remaining - 1)
 
@@ -126,7 +126,7 @@ class RandomDraftLengths:
         self.rng, self.max_len, self.widths, self.run, self.width = random.Random(seed), max_len, widths, [], 1
         self.readied = seed % 2 == 1
 
-    def next_draft_len(self, remaining):
+    def next_draft_len(self, remaining, outlook=None):
         if not self.run:
             length = self.rng.choice([0, *range(self.max_len + 1)])  # off twice as often as any one length
             self.run, self.width = [length] * self.rng.randint(1, 12), self.rng.choice(self.widths)

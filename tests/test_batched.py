@@ -113,7 +113,7 @@ class PausingPolicy(FixedDraftLength):
         super().__init__(2)
         self.rounds = 0
 
-    def next_draft_len(self, remaining: int) -> int:
+    def next_draft_len(self, remaining: int, outlook=None) -> int:
         self.rounds += 1
         return 0 if 3 <= self.rounds < 3 + PROMPT_ROWS + 8 else min(2, remaining - 1)
 

@@ -206,8 +206,8 @@ class Chosen(ModelledCostPolicy):
         super().__init__(max_len, per_draft=0.1)
         self.chosen = []
 
-    def next_draft_len(self, remaining):
-        self.chosen.append(super().next_draft_len(remaining))
+    def next_draft_len(self, remaining, outlook=None):
+        self.chosen.append(super().next_draft_len(remaining, outlook))
         return self.chosen[-1]
 
 
