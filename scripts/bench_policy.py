@@ -3,12 +3,14 @@ rounds that tests/test_policy_traces.py replays (tests/traces/).
 
     python scripts/bench_policy.py draft-1.5b [--tokens 64 --prompts 2 --reps 2 --trace tests/traces]
     python scripts/bench_policy.py ngram-smollm2 --context 512,2048,7680 --tokens 128 --reps 1
+    python scripts/bench_policy.py mtp-smollm2 --temp 0.7 --top-p 0.9
 
-For one target and drafter (PAIRS; float32 from scripts/real_models.py), greedy, every contender interleaved in
-one process after an untimed pass: plain decoding, the drafter pinned at k = 1..8 and 12, the adaptive policy as
-a first run on this machine ("adaptive, first run": nothing learnt) and as later runs ("adaptive": starting from
-the profile the earlier adaptive runs kept, as each command does from ~/.cache/mlx-spec/policy; here kept in
-memory, nothing written). Prints each contender's median decode tok/s and its ratio to plain decoding, the
+For one target and drafter (PAIRS; float32 from scripts/real_models.py; mtp-smollm2: the MTP head that
+scripts/train_compare.py trains), greedy or sampled (--temp, --top-p: outputs differ from plain decoding's, so
+none is checked; no trace), every contender interleaved in one process after an untimed pass: plain decoding,
+the drafter pinned at k = 1..8 and 12, the adaptive policy as a first run on this machine ("adaptive, first
+run": nothing learnt) and as later runs ("adaptive": starting from the profile the earlier adaptive runs kept, as
+each command does from ~/.cache/mlx-spec/policy; here kept in memory, nothing written). Prints each contender's median decode tok/s and its ratio to plain decoding, the
 adaptive runs against the best pinned length chosen in hindsight, whether every output equals plain decoding's,
 and the machine's load. --context: the same at each length of a long context (the start of a real source file,
 a question at the end), where verifying costs and acceptance change with depth. With --trace, writes
@@ -29,7 +31,8 @@ from pathlib import Path
 
 import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system OpenBLAS on Linux
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
 import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import Neighbours, spread  # noqa: E402
@@ -40,7 +43,9 @@ PAIRS = {  # name: (target, drafter keyword arguments of mlx_spec.load)
     "ngram-1.5b": ("qwen2.5-coder-1.5b", {"drafter": "ngram"}),
     "ngram-0.5b": ("qwen2.5-coder-0.5b", {"drafter": "ngram"}),
     "ngram-smollm2": ("smollm2-135m", {"drafter": "ngram"}),
+    "mtp-smollm2": ("smollm2-135m", {"mtp_path": str(ROOT / "build/train-compare/smollm2-135m-f32/mtp")}),
 }
+MADE_BY = {"mtp_path": "python scripts/train_compare.py --model smollm2-135m --kinds mtp"}  # what trains a head
 PROMPTS = [
     "Write a Python function that parses an ISO 8601 date string and returns a datetime, with a docstring.",
     "Complete this code:\ndef binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n",
@@ -52,11 +57,11 @@ MAX_K, LONGEST = 8, 12  # pinned lengths: 1..MAX_K, the range the adaptive polic
 ADAPTIVE_RANGE = [f"k={k}" for k in range(1, MAX_K + 1)]
 
 
-def rounds(engine, ids: list[int], n: int) -> tuple[list[list], float, list[int]]:
-    """[draft_len, accepted, seconds] of each round of a greedy generation of n tokens, its decode tok/s (counted
-    from its first token, as `mlx-spec bench` does) and its tokens."""
+def rounds(engine, ids: list[int], n: int, sampling: dict) -> tuple[list[list], float, list[int]]:
+    """[draft_len, accepted, seconds] of each round of a generation of n tokens (`sampling`: temperature and top-p,
+    none: greedy), its decode tok/s (counted from its first token, as `mlx-spec bench` does) and its tokens."""
     out, tokens, tick, start = [], [], time.perf_counter(), None
-    for event in engine.stream(ids, max_tokens=n):
+    for event in mlx_spec.stream(engine, ids, max_tokens=n, **sampling):
         if isinstance(event, Round):
             now = time.perf_counter()
             out.append([event.draft_len, event.accepted, now - tick])
@@ -80,7 +85,8 @@ def long_context(tokenizer, tokens: int) -> list[dict]:
     return [{"role": "user", "content": "```python\n" + "".join(kept) + question}]
 
 
-def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: int, reps: int, learnt=None):
+def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: int, reps: int, sampling: dict,
+            learnt=None):
     """Every contender on every chat, interleaved after an untimed pass: tok/s by contender, whether every output
     equals plain decoding's, the worst spread of plain runs, the first repetition's rounds, and the profile the
     "adaptive" runs kept (what the next starts from)."""
@@ -93,14 +99,14 @@ def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: in
                 engine.max_draft_len = adaptive_max if k is None else LONGEST
                 engine.learnt = None if name == "adaptive, first run" else learnt
                 engine.pin(k)  # a fresh policy for each generation, as each command gets
-                run, tps, outputs[name] = rounds(engine, ids, tokens)
+                run, tps, outputs[name] = rounds(engine, ids, tokens, sampling)
                 if name == "adaptive":
                     learnt = engine.learnt  # what the next command starts from
                 if rep >= 0:
                     speeds.setdefault(name, []).append(tps)
                     first.setdefault(name, run)
                     plain_runs += [tps] if k == 0 else []
-            same = same and all(t == outputs["plain"] for t in outputs.values())
+            same = same and (bool(sampling) or all(t == outputs["plain"] for t in outputs.values()))
         plain_spread.append(spread(plain_runs))
         plain_step = statistics.median(seconds for _, _, seconds in first["plain"][3:])
         traces.append({"prompt_tokens": len(ids), "prompt": ids, "answer": outputs["plain"],
@@ -109,7 +115,7 @@ def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: in
     return speeds, same, max(plain_spread), traces, learnt
 
 
-def report(speeds: dict, same: bool) -> None:
+def report(speeds: dict, same: bool, sampled: bool) -> None:
     plain = statistics.median(speeds["plain"])
     pinned = {name: statistics.median(v) for name, v in speeds.items() if name in ADAPTIVE_RANGE}
     best = max(pinned, key=pinned.get)
@@ -119,8 +125,9 @@ def report(speeds: dict, same: bool) -> None:
         print(f"| {name} | {tps:.2f} | {tps / plain:.2f}x | {tps / pinned[best]:.3f} |")
     print(f"best pinned in hindsight (k = 1..{MAX_K}): {best}; adaptive / best pinned = "
           f"{statistics.median(speeds['adaptive']) / pinned[best]:.3f}, first run "
-          f"{statistics.median(speeds['adaptive, first run']) / pinned[best]:.3f}; "
-          f"greedy outputs identical to plain decoding: {'all' if same else 'NO'}")
+          f"{statistics.median(speeds['adaptive, first run']) / pinned[best]:.3f}; " + (
+              "sampled: outputs not compared" if sampled else
+              f"greedy outputs identical to plain decoding: {'all' if same else 'NO'}"))
 
 
 def main() -> int:
@@ -131,32 +138,43 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--context", default="", help="instead, a ladder of long contexts: prompt lengths in "
                         "tokens, comma-separated (a source file, the question at the end), a table each")
-    parser.add_argument("--trace", type=Path, help="a folder to write the first repetition's rounds to")
+    parser.add_argument("--trace", type=Path, help="a folder to write the first repetition's rounds to (greedy)")
+    parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0)
     args = parser.parse_args()
+    sampling = {"temperature": args.temp, "top_p": args.top_p, "seed": 0} if args.temp else {}
+    if sampling and args.trace:
+        parser.error("--trace replays greedy rounds only: leave out --temp")
     os.environ["MLX_SPEC_POLICY_PROFILES"] = ""  # profiles kept in memory only: nothing of the user's read or written
     target, drafter = PAIRS[args.pair]
     [target_dir] = real_models.converted("bench_policy.py", target)
     drafter = {key: str(real_models.converted("bench_policy.py", value)[0]) if key == "draft_model" else value
                for key, value in drafter.items()}
+    for key, made_by in MADE_BY.items():
+        if key in drafter and not Path(drafter[key]).exists():
+            sys.exit(f"bench_policy.py: {drafter[key]} is missing: run `{made_by}` first")
     engine = mlx_spec.load(str(target_dir), **drafter)
     adaptive_max = engine.max_draft_len  # the adaptive policy's bound as users run it
     engine.tokenizer.eos_token_ids = []  # every contender makes exactly n tokens
     contenders = {"plain": 0, **{f"k={k}": k for k in range(1, MAX_K + 1)}, f"k={LONGEST}": LONGEST,
                   "adaptive, first run": None, "adaptive": None}
-    what = drafter.get("drafter") or f"draft model {Path(drafter['draft_model']).name}"
+    kind = drafter.get("drafter") or ("draft" if "draft_model" in drafter else "mtp")
+    what = {"draft": f"draft model {Path(drafter.get('draft_model', '')).name}",
+            "mtp": f"MTP head {drafter.get('mtp_path')}"}.get(kind, kind)
     rungs = [int(n) for n in args.context.split(",") if n]
     shown = f"contexts of {args.context} tokens" if rungs else f"{args.prompts} prompts"
+    how = f"T={args.temp}, top-p {args.top_p}" if sampling else "greedy"
     print(f"{args.pair}: {target_dir.name}, {what}; float32, BLAS: {linux_blas.describe()}; {args.tokens} tokens, "
-          f"{shown} x {args.reps} repetitions, greedy, interleaved; adaptive up to {adaptive_max}", flush=True)
+          f"{shown} x {args.reps} repetitions, {how}, interleaved; adaptive up to {adaptive_max}", flush=True)
     spreads, all_same, learnt, traced = [], True, None, []
     with Neighbours() as neighbours:
         for rung in rungs or [None]:
             chats = [long_context(engine.tokenizer, rung)] if rung else PROMPTS[: args.prompts]
             speeds, same, plain_spread, traces, learnt = measure(engine, chats, contenders, adaptive_max,
-                                                                 args.tokens, args.reps, learnt)
+                                                                 args.tokens, args.reps, sampling, learnt)
             if rung:
                 print(f"\ncontext of {traces[0]['prompt_tokens']} tokens:")
-            report(speeds, same)
+            report(speeds, same, bool(sampling))
             spreads.append(plain_spread)
             traced += traces
             all_same = all_same and same
@@ -165,7 +183,7 @@ def main() -> int:
         args.trace.mkdir(parents=True, exist_ok=True)
         name = f"{args.pair}-context" if rungs else args.pair
         path = args.trace / f"{name}.json"
-        path.write_text(json.dumps({"trace": name, "target": target, "drafter": drafter.get("drafter", "draft"),
+        path.write_text(json.dumps({"trace": name, "target": target, "drafter": kind,
                                     "tokens": args.tokens, "load": round(neighbours.share, 3), "prompts": traced},
                                    separators=(",", ":")) + "\n")
         print(f"wrote {path}")
