@@ -126,13 +126,14 @@ def largest_batch(model, tokens_per_row: int, available: int, kv_bits: int | Non
 class BatchedDecoder:
     def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4,
                  read_hidden=None, kv_bits: int | None = None, kv_group_size: int = 64,
-                 hidden_tail: int | None = None, prefixes=None):
+                 hidden_tail: int | None = None, prefixes=None, policy: BatchDraftLength | None = None):
         """drafter: one whose `batched(target_batch)` drafts for a batch (given the target's RaggedBatch; None:
         plain batched decoding); draft_len: pinned, or None for the adaptive policy per batch size; read_hidden:
         the target's hidden states after a forward (`target.hidden_reader`), for drafters that read them, over
         each prompt's last `hidden_tail` positions (None: all); kv_bits: the target's keys and values quantized;
         prefixes: the prompt cache (`prompt_cache.RowPrefixes`), which serves rows their prompts' cached prefixes
-        and keeps what they hold when they finish (None: none)."""
+        and keeps what they hold when they finish (None: none); policy: the adaptive policy of an earlier batch of
+        the same engine, to go on from (None: a new one)."""
         if problem := batch_problem(model, drafter):
             raise SpecError(f"{problem}: use a batch size of 1")
         check_batches()
@@ -141,7 +142,7 @@ class BatchedDecoder:
         self.kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size}
         self.make_drafters = drafter.batched if drafter else None
         self.read_hidden, self.hidden_tail = (read_hidden if drafter else None), hidden_tail
-        self.policy = (BatchDraftLength(max_draft_len) if draft_len is None and drafter
+        self.policy = ((policy or BatchDraftLength(max_draft_len)) if draft_len is None and drafter
                        else FixedDraftLength(draft_len if drafter else 0))
         self.name = drafter.name if drafter else "off"
         self.prefixes = prefixes

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 import psutil
 
-from .engine import Engine, RoundCosts
+from .engine import Engine
 from .errors import SpecError
 from .files import read_lines
 from .prompts import check_messages, render_prompt
 from .sampling import LIMIT as SAMPLING_LIMIT
 from .sampling import SamplingParams
+from .stats import RoundCosts
 
 PASSAGE = ("The Gated DeltaNet layer keeps a fixed-size recurrent state instead of a key-value cache. Each new "
            "token decays the state, reads what the state predicts for the token's key, and writes back the "

@@ -24,7 +24,7 @@ from .policy import AdaptiveDraftLength, FixedDraftLength
 from .prompt_cache import PromptCache, RowPrefixes
 from .prompts import prompt_text, render_prompt
 from .sampling import SamplingParams, token_logprobs
-from .stats import Stats
+from .stats import RoundCosts, Stats
 from .text_stream import TextStream
 from .target import MAX_DRAFT_LEN, Interrupted, Step, Target
 from .verify import verify_draft, verify_tree
@@ -47,29 +47,6 @@ class EngineStatus:
     next_draft_len: int | None = None  # what the next round is set to draft (the adaptive policy's latest
     # choice; 0: drafting off), None where unknown
     reasons: list[str] = field(default_factory=list)  # why: each length's expected speed, acceptance, costs
-
-
-@dataclass
-class RoundCosts:
-    """Seconds of a round's parts, each evaluated on its own (`Engine.profile`)."""
-
-    verify: dict[int, float]  # k -> the target's forward over the last token and k drafts (k = 0: a plain step)
-    draft: dict[int, float]  # k -> the drafter proposing k tokens
-
-    def relative(self, k: float) -> float:
-        """k c + v(k): a round with k drafts in plain steps; a fractional k (a policy's mean) interpolates
-        between the lengths measured."""
-        lengths = sorted(self.verify)
-        below = max((n for n in lengths if n <= k), default=lengths[0])
-        above = min((n for n in lengths if n >= k), default=lengths[-1])
-        cost = {n: self.verify[n] + self.draft.get(n, 0.0) for n in (below, above)}
-        share = (k - below) / (above - below) if above > below else 0.0
-        return (cost[below] + share * (cost[above] - cost[below])) / self.verify[0]
-
-    def bound(self, draft_len: float, tokens_per_round: float) -> float:
-        """E[N] / (k c + v(k)): the speedup over plain decoding that rounds of `draft_len` drafts emitting
-        `tokens_per_round` tokens reach when only the draft and the verify forward take time."""
-        return tokens_per_round / self.relative(draft_len)
 
 
 def check_draft_len(n: int | None) -> None:
@@ -114,6 +91,7 @@ class Engine:
         self.round_logprobs: list = []  # the last round's, a (log p, top) for each token it emitted
         self.profiles = profiles
         self.learnt = profiles.read() if profiles else None  # what the adaptive policy learnt, to start the next
+        self.batch_policy = None  # the adaptive policy of the last batch (`_decoder`), which the next goes on with
         self.pin(draft_len)
         self.policy = self.next_policy
         self.lockstep = None  # distributed.Lockstep: this engine's target is sharded across ranks kept in step
@@ -492,9 +470,15 @@ class Engine:
         yield from self._decoder(None).stream(take, batch_size, should_stop)
 
     def _decoder(self, draft_len: int | None):
+        """A batch's decoder; an adaptive one goes on with what the last batch's policy learnt (a server decodes
+        each burst of requests, a lone one too, as a batch of its own)."""
         if problem := self.batch_problem():
             raise SpecError(f"{problem}: use a batch size of 1")
-        return BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
-                              self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size,
-                              self.target.hidden_tail, self.prompt_cache and RowPrefixes(
-                                  self.prompt_cache, self.target, self.cached_context, self.drafter))
+        decoder = BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
+                                 self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size,
+                                 self.target.hidden_tail, self.prompt_cache and RowPrefixes(
+                                     self.prompt_cache, self.target, self.cached_context, self.drafter),
+                                 self.batch_policy if draft_len is None else None)
+        if draft_len is None:
+            self.batch_policy = decoder.policy
+        return decoder

@@ -1,4 +1,5 @@
-"""Counters and timings of a generation, and the metrics users read (names as vLLM / llama.cpp use them)."""
+"""Counters and timings of a generation, and the metrics users read (names as vLLM / llama.cpp use them); the
+seconds of a round's parts (`RoundCosts`, for `bench`)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,26 @@ class Stats:
         else:
             line += " | drafting off"
         return line + f" | peak memory {self.peak_memory / 2**20:.0f} MiB"
+
+
+@dataclass
+class RoundCosts:
+    """Seconds of a round's parts, each evaluated on its own (`Engine.profile`)."""
+
+    verify: dict[int, float]  # k -> the target's forward over the last token and k drafts (k = 0: a plain step)
+    draft: dict[int, float]  # k -> the drafter proposing k tokens
+
+    def relative(self, k: float) -> float:
+        """k c + v(k): a round with k drafts in plain steps; a fractional k (a policy's mean) interpolates
+        between the lengths measured."""
+        lengths = sorted(self.verify)
+        below = max((n for n in lengths if n <= k), default=lengths[0])
+        above = min((n for n in lengths if n >= k), default=lengths[-1])
+        cost = {n: self.verify[n] + self.draft.get(n, 0.0) for n in (below, above)}
+        share = (k - below) / (above - below) if above > below else 0.0
+        return (cost[below] + share * (cost[above] - cost[below])) / self.verify[0]
+
+    def bound(self, draft_len: float, tokens_per_round: float) -> float:
+        """E[N] / (k c + v(k)): the speedup over plain decoding that rounds of `draft_len` drafts emitting
+        `tokens_per_round` tokens reach when only the draft and the verify forward take time."""
+        return tokens_per_round / self.relative(draft_len)

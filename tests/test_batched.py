@@ -426,3 +426,22 @@ def test_prompts_joining_while_no_row_decodes_are_prefilled_together_and_decode_
         assert results[i].tokens == plain_greedy(tiny[family], job.prompt, 24), i
     if drafter == "ngram":  # rows with holes verify drafts
         assert sum(r.stats.drafted for r in results.values()) > 0
+
+
+def test_a_later_batch_goes_on_with_what_the_last_ones_policy_learnt(tiny):
+    """A server decodes each burst of requests (a lone one too) as a batch of its own: the next batch of the same
+    engine goes on with the adaptive policy the last one left (costs modelled flat, so that its choices follow
+    acceptance, not the clock), so its first round drafts instead of timing plain steps again; every row still
+    decodes as mlx-lm's plain greedy decoding does."""
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-draft"]), draft_len=None)
+    engine.batch_policy = policy = FlatCostBatchPolicy(engine.max_draft_len)
+    for burst in range(2):
+        jobs = [Job(engine.encode(text), max_tokens=24) for text in TEXTS[2 * burst: 2 * burst + 2]]
+        waiting = deque(enumerate(jobs))
+        events = list(engine.stream_many(lambda: waiting.popleft() if waiting else None, 2))
+        rounds = [event.draft_len for _, event in events if isinstance(event, mlx_spec.Round)]
+        assert (rounds[0] == 0) == (burst == 0), rounds  # a first batch times a plain step first
+        for key, event in events:
+            if isinstance(event, mlx_spec.Done):
+                assert event.tokens == plain_greedy(tiny["qwen3"], jobs[key].prompt, 24), key
+    assert engine.batch_policy is policy and len(policy.seconds) >= 2

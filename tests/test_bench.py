@@ -9,7 +9,7 @@ from test_cli import assert_one_line_error, run_cli
 
 import mlx_spec
 from mlx_spec.bench import SUITES, Run, summarise
-from mlx_spec.engine import RoundCosts
+from mlx_spec.stats import RoundCosts
 
 
 def test_bench_runs_and_reports(tiny, tmp_path):
