@@ -445,3 +445,16 @@ def test_a_later_batch_goes_on_with_what_the_last_ones_policy_learnt(tiny):
             if isinstance(event, mlx_spec.Done):
                 assert event.tokens == plain_greedy(tiny["qwen3"], jobs[key].prompt, 24), key
     assert engine.batch_policy is policy and len(policy.seconds) >= 2
+
+
+def test_a_row_that_never_drafted_leaves_the_prompt_cache_nothing_of_its_draft_model(tiny):
+    """A row that joins where drafting does not pay puts off its draft model's prefill, and may finish before it
+    ever drafts; what the prompt cache keeps of it then holds nothing of the draft model (it crashed the server's
+    batch once a policy carried over from an earlier batch had turned drafting off)."""
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-draft"]), draft_len=None)
+    engine.cache_prompts(1 << 28)
+    engine.batch_policy = Unreadied()  # rows join unready; plain rounds first
+    waiting = deque([(0, Job(engine.encode(PROMPT), max_tokens=2))])
+    events = list(engine.stream_many(lambda: waiting.popleft() if waiting else None, 2))
+    assert events[-1][1].tokens == plain_greedy(tiny["qwen3"], engine.encode(PROMPT), 2)
+    assert not any(isinstance(e, mlx_spec.Round) and e.draft_len for _, e in events)

@@ -130,11 +130,11 @@ class BatchedDraftModel:
             pass
         self.batch.join(row)
 
-    def row_state(self, row: int, context: list[int]) -> tuple:
+    def row_state(self, row: int, context: list[int]) -> tuple | None:
         """What the draft model holds of row `row` (whose tokens are `context`), as `DraftModelDrafter.hold`
-        gives it: for the prompt cache."""
+        gives it: for the prompt cache (None: nothing, a row that joined unready and never drafted)."""
         n = int(self.batch.offsets[row])
-        return self.runner.snapshot_of(self.batch.row_positions(row), n), n, context[:n]
+        return (self.runner.snapshot_of(self.batch.row_positions(row), n), n, context[:n]) if n else None
 
     def _prefill_unready(self, contexts: list[list[int]]) -> None:
         """Prefill the rows that joined unready and hold nothing yet, each alone, in their places: their whole
