@@ -71,7 +71,8 @@ class NgramDrafter:
         self._index(context)
         if self.width > 1:
             return Draft.from_paths([context[end:end + k] for end in self._ends(context, self.min_ngram)])
-        drafted, classes = self.chain(context, k)
+        looked = self.pending.get(len(context))  # the chain `look` drafted from here: its first k are the same
+        drafted, classes = (looked[0][:k], looked[1][:k]) if looked and k <= OUTLOOK else self.chain(context, k)
         return Draft(mx.array(drafted, dtype=mx.int32), confidence=mx.array([self.rate(c) for c in classes]))
 
     def chain(self, context: list[int], k: int) -> tuple[list[int], list[int]]:
