@@ -9,7 +9,9 @@ positions. Finished rows leave and queued requests join between rounds (continuo
 is prefilled in a batch of its own (a chunk per round while others decode; prompts that join while none decodes
 together, where their padding stays small), then merged. One host
 synchronisation per round. The draft length is the policy's (`BatchDraftLength`, which learns what a forward of
-so many tokens costs): it turns drafting off where the batch makes the forward compute-bound.
+so many tokens costs): it turns drafting off where the batch makes the forward compute-bound. While one row is
+left (a lone server request), rounds are the single-sequence policy's (`AdaptiveDraftLength`, from the engine's
+profile), as alone: with the drafter's outlook (n-gram) and its chains cut by their confidence (DSpark).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import mlx.core as mx
 from .draft import Draft
 from .events import Done, Result, Round, Text, Token, emit
 from .errors import SpecError
-from .policy import BatchDraftLength, FixedDraftLength
+from .policy import UNTIMED_ROUNDS, AdaptiveDraftLength, BatchDraftLength, FixedDraftLength
 from .ragged import RaggedBatch, RaggedKVCache, check_batches
 from .sampling import SamplingParams
 from .stats import Stats
@@ -64,6 +66,7 @@ class Row:
         self.ready = True  # whether its drafter works on its prompt (else it starts on what the row decodes)
         self.read_hidden = None  # what reads the hidden states its prompt's prefill keeps (None: none kept)
         self.drafter_held = None  # what its drafter held of the cached sequence its prompt starts from
+        self.policy = None  # what chose its last round's draft length
         self.started = time.perf_counter()
 
     def finish(self) -> list:
@@ -72,6 +75,8 @@ class Row:
         self.stats.decode_seconds = time.perf_counter() - self.started - self.stats.prefill_seconds
         self.stats.generated_tokens = len(self.generated)
         self.stats.record_memory()
+        if hasattr(self.policy, "explain"):
+            self.stats.policy_reasons = self.policy.explain()[1:]
         return [Text(tail)] * bool(tail) + [Done(self.stop_reason, self.text.text, self.generated, self.stats)]
 
 
@@ -126,14 +131,16 @@ def largest_batch(model, tokens_per_row: int, available: int, kv_bits: int | Non
 class BatchedDecoder:
     def __init__(self, model, tokenizer, drafter=None, draft_len: int | None = None, max_draft_len: int = 4,
                  read_hidden=None, kv_bits: int | None = None, kv_group_size: int = 64,
-                 hidden_tail: int | None = None, prefixes=None, policy: BatchDraftLength | None = None):
+                 hidden_tail: int | None = None, prefixes=None, policy: BatchDraftLength | None = None,
+                 alone: AdaptiveDraftLength | None = None):
         """drafter: one whose `batched(target_batch)` drafts for a batch (given the target's RaggedBatch; None:
         plain batched decoding); draft_len: pinned, or None for the adaptive policy per batch size; read_hidden:
         the target's hidden states after a forward (`target.hidden_reader`), for drafters that read them, over
         each prompt's last `hidden_tail` positions (None: all); kv_bits: the target's keys and values quantized;
         prefixes: the prompt cache (`prompt_cache.RowPrefixes`), which serves rows their prompts' cached prefixes
         and keeps what they hold when they finish (None: none); policy: the adaptive policy of an earlier batch of
-        the same engine, to go on from (None: a new one)."""
+        the same engine, to go on from (None: a new one); alone: the adaptive policy for rounds with one row
+        (None: the batch's)."""
         if problem := batch_problem(model, drafter):
             raise SpecError(f"{problem}: use a batch size of 1")
         check_batches()
@@ -144,6 +151,8 @@ class BatchedDecoder:
         self.read_hidden, self.hidden_tail = (read_hidden if drafter else None), hidden_tail
         self.policy = ((policy or BatchDraftLength(max_draft_len)) if draft_len is None and drafter
                        else FixedDraftLength(draft_len if drafter else 0))
+        self.alone = alone if draft_len is None and drafter else None
+        self.rounds_alone = 0  # rounds since the batch last had more than one row
         self.name = drafter.name if drafter else "off"
         self.prefixes = prefixes
 
@@ -205,7 +214,8 @@ class BatchedDecoder:
         for row in waiting if not rows else sorted(waiting, key=left_to_prefill)[:1]:
             if row.prefill is None:  # its drafter's work on its prompt (the hidden states it reads, a draft
                 pin = row.job.draft_len  # model's prefill), unless drafting does not pay here
-                row.ready = self.policy.drafts_at(len(rows) + len(joining)) if pin is None else pin > 0
+                sharing = len(rows) + len(joining)
+                row.ready = self._policy(sharing).drafts_at(sharing) if pin is None else pin > 0
                 row.read_hidden = self.read_hidden if row.ready else None
                 row.prefill = self._cached(row)
         if not rows and not batch.recurrent:
@@ -258,13 +268,21 @@ class BatchedDecoder:
         row.stats.prefill_seconds = time.perf_counter() - row.started
         rows.append(row)
 
+    def _policy(self, rows: int):
+        """The draft-length policy for a round of `rows` rows."""
+        return self.alone if self.alone and rows == 1 else self.policy
+
     def _plan(self, rows: list[Row], emitting: int = 0) -> "Plan":
         """A round's draft length per row (the policy's, or the row's own pin) and keys, each row's keys split off
         as alone; `emitting`: tokens the rows still emit before it (a plan made one round ahead)."""
-        if isinstance(self.policy, BatchDraftLength):
-            self.policy.resize(len(rows))
+        policy = self._policy(len(rows))
         remaining = [row.job.max_tokens - len(row.generated) - emitting for row in rows]
-        longest, plan = self.policy.next_draft_len(max(remaining)), Plan([], [], [])
+        if isinstance(policy, BatchDraftLength):
+            policy.resize(len(rows))
+            longest = policy.next_draft_len(max(remaining))
+        else:
+            longest = policy.next_draft_len(max(remaining), getattr(self.drafters, "outlook", None))
+        plan = Plan([], [], [], policy=policy)
         for row, left in zip(rows, remaining):
             row.random, round_key = mx.random.split(row.random)
             draft_key, verify_key = mx.random.split(round_key)
@@ -305,8 +323,7 @@ class BatchedDecoder:
             drafters.accept([row.context for row in rows], [0] * len(rows), hidden)
         # A run of plain steps is timed by its middle rounds (and a lone one): while its first round runs, the next
         # one's step can run too (a CPU evaluates them in turn), and its last round can find its step done.
-        if started_ahead == starts_next:
-            self.policy.observe(0, 0, time.perf_counter() - start, rows=[(0, 0)] * len(rows))
+        self._observe(plan, 0, [0] * len(rows), time.perf_counter() - start if started_ahead == starts_next else None)
         return events
 
     def _speculate(self, batch: RaggedBatch, drafters, rows: list[Row], plan: "Plan",
@@ -314,6 +331,9 @@ class BatchedDecoder:
         """A round with drafts (or penalties): draft, verify every row in one forward, keep what each accepts."""
         drafts = (drafters.propose([row.context for row in rows], plan.lengths, [row.job.params for row in rows],
                                    plan.draft_keys) if drafters else [Draft.empty() for _ in rows])
+        if plan.policy is self.alone:  # a lone row's chain shortened by the drafter's own estimates, as alone
+            drafts = [d if d.confidence is None or row.job.draft_len is not None else
+                      d.first(self.alone.cut(d.confidence.tolist())) for row, d in zip(rows, drafts)]
         drafts = [d.first(row.job.grammar.valid_prefix(d.tokens.tolist())) if row.job.grammar and d.q is None else d
                   for row, d in zip(rows, drafts)]  # one-hot drafts a grammar rejects can only be rejected
         width = 1 + max(d.tokens.shape[0] for d in drafts)
@@ -331,9 +351,21 @@ class BatchedDecoder:
         events = self._emit(rows, drafts, accepted, [next_token.item() for _, next_token in verdicts])
         if drafters:
             drafters.accept([row.context for row in rows], accepted, hidden)
-        self.policy.observe(width - 1, 0, time.perf_counter() - start,
-                            rows=[(d.tokens.shape[0], a) for d, a in zip(drafts, accepted)])
+        self._observe(plan, width - 1, accepted, time.perf_counter() - start, [d.tokens.shape[0] for d in drafts])
         return events
+
+    def _observe(self, plan: "Plan", longest: int, accepted: list[int], seconds: float | None,
+                 drafted: list[int] | None = None) -> None:
+        """The round `plan` planned, to the policy that planned it: `longest` drafts (every row paid for them),
+        each row's `drafted` and `accepted` ones, in `seconds` (None: the round's time is not its own)."""
+        drafted = drafted or [0] * len(accepted)
+        if plan.policy is not self.alone:
+            self.rounds_alone = 0
+            if seconds is not None:
+                plan.policy.observe(longest, 0, seconds, rows=list(zip(drafted, accepted)))
+            return
+        self.rounds_alone += 1  # as alone, a lone row's first rounds straddle the prefill and the rows that left
+        plan.policy.observe(longest, accepted[0], seconds if self.rounds_alone > UNTIMED_ROUNDS else None)
 
     def _emit(self, rows: list[Row], drafts: list[Draft], accepted: list[int],
               next_tokens: list[int]) -> list[tuple[object, object]]:
@@ -350,8 +382,9 @@ class BatchedDecoder:
             tokens, row.stop_reason = emit(new_tokens, a, row.generated, row.text, self.tokenizer.eos_token_ids,
                                            row.job.max_tokens)
             events += [(row.key, event) for event in [verdict, *tokens]]
-            row.stats.policy = (self.policy.note if row.job.draft_len is None or not self.make_drafters else
-                                FixedDraftLength(row.job.draft_len).note)
+            row.policy = self._policy(len(rows)) if row.job.draft_len is None or not self.make_drafters else \
+                FixedDraftLength(row.job.draft_len)
+            row.stats.policy = row.policy.note
         return events
 
 
@@ -363,9 +396,11 @@ class Plan:
     draft_keys: list[mx.array]
     verify_keys: list[mx.array]
     step: tuple[mx.array, mx.array | None] | None = None
+    policy: object = None  # the policy that planned it, which learns from it
 
     def select(self, rows: list[int]) -> "Plan":
         """The plan of the rows at `rows` (indices), those that stay."""
         index = mx.array(rows, dtype=mx.int32)
         step = self.step and (self.step[0][index], None if self.step[1] is None else self.step[1][index])
-        return Plan(*([part[i] for i in rows] for part in (self.lengths, self.draft_keys, self.verify_keys)), step)
+        return Plan(*([part[i] for i in rows] for part in (self.lengths, self.draft_keys, self.verify_keys)), step,
+                    self.policy)

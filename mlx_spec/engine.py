@@ -20,7 +20,7 @@ from .drafters import Drafter, shape
 from .errors import SpecError
 from .events import Done, Result, Round, Text, Token, collect, emit
 from .grammar import Grammar
-from .policy import AdaptiveDraftLength, FixedDraftLength
+from .policy import UNTIMED_ROUNDS, AdaptiveDraftLength, FixedDraftLength
 from .prompt_cache import PromptCache, RowPrefixes
 from .prompts import prompt_text, render_prompt
 from .sampling import SamplingParams, token_logprobs
@@ -31,7 +31,6 @@ from .verify import verify_draft, verify_tree
 
 
 CHATS = 64  # chats whose tokens an engine keeps, to encode the next turn of each exactly as it ran
-UNTIMED_ROUNDS = 3  # a generation's first rounds, whose times the draft-length policy does not learn from
 
 
 @dataclass
@@ -261,10 +260,7 @@ class Engine:
         stats.decode_seconds = time.perf_counter() - start
         stats.generated_tokens = len(generated)
         stats.policy, stats.policy_reasons = self.policy.note, self.policy.explain()[1:]
-        if learnt := self.policy.profile():
-            self.learnt = learnt
-            if self.profiles:
-                self.profiles.write(learnt)
+        self.keep_profile(self.policy)
         stats.drafter_report = self.drafter.report() if hasattr(self.drafter, "report") else ""
         stats.record_memory()
         done = Done(stop_reason, text.text, generated, stats)
@@ -272,6 +268,13 @@ class Engine:
         if self.lockstep:
             self.lockstep.end()
         yield done
+
+    def keep_profile(self, policy) -> None:
+        """What `policy` learnt (None: nothing), for the next generation to start from (and on disk, `profiles`)."""
+        if learnt := policy and policy.profile():
+            self.learnt = learnt
+            if self.profiles:
+                self.profiles.write(learnt)
 
     def remember_chat(self, chat: str | None, prompt: list[int], done: Done) -> None:
         """Keep the tokens a chat (`chat`: as rendered, None: not a chat) and its answer ran as, so that its next
@@ -458,7 +461,11 @@ class Engine:
                 yield index, result
             return
         fitting = (self.check_fits(len(job.prompt), job.max_tokens) or job for job in jobs)
-        yield from self._decoder(getattr(self.next_policy, "pinned", None)).run(fitting, batch_size)
+        decoder = self._decoder(getattr(self.next_policy, "pinned", None))
+        try:
+            yield from decoder.run(fitting, batch_size)
+        finally:
+            self.keep_profile(decoder.alone)
 
     def stream_many(self, take, batch_size: int, should_stop=lambda key: False) -> Iterator[tuple[object, object]]:
         """Decode the `batched.Job`s that `take()` hands over as (key, Job) (None: none waiting; asked whenever
@@ -467,18 +474,24 @@ class Engine:
         the current round or prefill chunk ("stopped"). For servers: jobs join while others run (check each with
         `check_fits` first); a job drafts its own pinned `draft_len`, or what the adaptive policy chooses (this
         engine's pin is for its one-at-a-time streams)."""
-        yield from self._decoder(None).stream(take, batch_size, should_stop)
+        decoder = self._decoder(None)
+        try:
+            yield from decoder.stream(take, batch_size, should_stop)
+        finally:
+            self.keep_profile(decoder.alone)
 
     def _decoder(self, draft_len: int | None):
         """A batch's decoder; an adaptive one goes on with what the last batch's policy learnt (a server decodes
-        each burst of requests, a lone one too, as a batch of its own)."""
+        each burst of requests, a lone one too, as a batch of its own), and decides rounds with one row as
+        `stream` does, from the profile (`keep_profile` keeps what they learnt)."""
         if problem := self.batch_problem():
             raise SpecError(f"{problem}: use a batch size of 1")
         decoder = BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
                                  self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size,
                                  self.target.hidden_tail, self.prompt_cache and RowPrefixes(
                                      self.prompt_cache, self.target, self.cached_context, self.drafter),
-                                 self.batch_policy if draft_len is None else None)
+                                 self.batch_policy if draft_len is None else None,
+                                 draft_policy(None, self.max_draft_len, 1, self.learnt) if self.drafter else None)
         if draft_len is None:
             self.batch_policy = decoder.policy
         return decoder

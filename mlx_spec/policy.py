@@ -17,7 +17,7 @@ nothing of the cost; the second's counts for half). What it learnt (`profile`) c
 policy, so a run starts at the length that paid last time. Its `note` says what it decided, `explain` why. A
 drafter that estimates each draft's acceptance (DSpark's confidence head) has its chain cut to the most profitable
 length under the same costs (`cut`); one that says before a round what it expects of its next chain (n-gram's
-`outlook`) has that expectation weighed instead of the acceptance by position, and no probes.
+`outlook`) has that expectation weighed instead of the acceptance by position, and probes only to re-time the cost.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ LONG_RUN = 8  # the verdicts a profile's long-run acceptance counts for against 
 CALIBRATION = 3  # timed drafting rounds that, from a profile, set this run's plain step (no cost learnt from them)
 HORIZON_ALONE = 2  # rounds of a length not yet measured that must remain for one sequence to try it
 CLOSE = 0.05  # a length next to the best, expected within this share of its speed, is timed again now and then
+LONG_AGO = 1 << 30  # rounds
+UNTIMED_ROUNDS = 3  # a generation's first rounds, whose times the policy does not learn from (around its prefill)
 
 
 def probe_due(rounds: int, probe_every: int, break_even: float) -> bool:
@@ -190,6 +192,7 @@ class AdaptiveDraftLength:
         self.spread_tries = 0  # rounds drafted at a second length to fit a round's fixed cost
         self.calibration: list[float] | None = None  # from a profile: plain steps inferred from the first rounds
         self.outlook: list[float] | None = None  # the drafter's, at the last round decided (None: it has none)
+        self.drafted_at = -LONG_AGO  # the last round that drafted
         self.draft_len, self.width, self.widest = max_len, widths[0], widths[-1]
         self.note = f"adaptive draft length, up to {max_len}" + (f", chains or trees of width {widths[-1]}"
                                                                   if len(widths) > 1 else "")
@@ -244,7 +247,8 @@ class AdaptiveDraftLength:
             # right" (up to 8x rarer): a probe costs two rounds, and the cost of drafting does not change with the
             # text. Or the probe's second round: the first resumed drafting (no cost signal), and a cost once
             # overestimated would otherwise keep drafting off for good
-            if k == 0 and (self.uncosted or outlook is None and probe_due(self.rounds, self.probe_every, break_even)):
+            if k == 0 and (self.uncosted or (probe_due(self.rounds, self.probe_every, break_even) if outlook is None
+                                             else self.cost_probe_due(outlook, break_even))):
                 k, self.width = 1, min(self.shapes)
             if k:
                 tree = f", trees of width {self.width}" if self.width > 1 else ""
@@ -259,8 +263,20 @@ class AdaptiveDraftLength:
             else:
                 self.note = (f"drafting off: recent first-draft acceptance {chain.acceptance[0]:.0%} is below "
                              f"break-even {break_even:.0%}")
-        self.draft_len = k
+        self.draft_len, self.drafted_at = k, self.rounds if k else self.drafted_at
         return max(0, min(k, remaining - 1))
+
+    def cost_probe_due(self, outlook: list[float], break_even: float) -> bool:
+        """With the drafter's outlook (learnt from the text whether drafted or not) a probe re-times only what
+        drafting costs: as often as probes without one, at the first round past the untimed ones whose chain would
+        pay were drafting half as dear as measured (an n-gram profile kept one slow round's 2.7 plain steps for a
+        draft and drafted nothing for good)."""
+        interval = self.probe_every / max(1 - break_even, 1 / 8)
+        if self.rounds <= UNTIMED_ROUNDS or self.rounds - self.drafted_at <= interval:
+            return False
+        chain = self.shapes[min(self.shapes)]
+        return any(chain.expected_tokens(k, outlook) > 1 + (chain.cost(k) - 1) / 2
+                   for k in range(1, min(len(outlook), self.max_len) + 1))
 
     def rates(self, remaining: int | None = None) -> dict[tuple[int, int], float]:
         """Expected tokens per plain step's time of each (draft length, width) worth weighing: those measured or

@@ -454,7 +454,10 @@ def test_a_row_that_never_drafted_leaves_the_prompt_cache_nothing_of_its_draft_m
     engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-draft"]), draft_len=None)
     engine.cache_prompts(1 << 28)
     engine.batch_policy = Unreadied()  # rows join unready; plain rounds first
-    waiting = deque([(0, Job(engine.encode(PROMPT), max_tokens=2))])
+    jobs = [Job(engine.encode(text), max_tokens=2) for text in (PROMPT, TEXTS[0])]  # two rows: the batch's policy
+    waiting = deque(enumerate(jobs))
     events = list(engine.stream_many(lambda: waiting.popleft() if waiting else None, 2))
-    assert events[-1][1].tokens == plain_greedy(tiny["qwen3"], engine.encode(PROMPT), 2)
+    for key, event in events:
+        if isinstance(event, mlx_spec.Done):
+            assert event.tokens == plain_greedy(tiny["qwen3"], jobs[key].prompt, 2)
     assert not any(isinstance(e, mlx_spec.Round) and e.draft_len for _, e in events)

@@ -14,6 +14,7 @@ from helpers import PROMPT, ModelledCostPolicy, assert_one_line_error, converted
 from tiny_block import as_speculators, layer_outputs, random_block_drafter
 
 import mlx_spec
+from mlx_spec.batched import BatchedDecoder, Job
 from mlx_spec.models.dflash import load_block_drafter
 from mlx_spec.sampling import SamplingParams
 
@@ -211,11 +212,13 @@ class Chosen(ModelledCostPolicy):
         return self.chosen[-1]
 
 
+@pytest.mark.parametrize("lone_row", [False, True], ids=["alone", "lone-batch-row"])
 @pytest.mark.parametrize("bias,longest", [(-6.0, 1), (6.0, 3)])
-def test_dspark_confidence_cuts_blocks_short_and_decoding_stays_exact(tiny, tmp_path, bias, longest):
+def test_dspark_confidence_cuts_blocks_short_and_decoding_stays_exact(tiny, tmp_path, bias, longest, lone_row):
     """The trained DSpark drafter given a confidence head: one that expects every draft rejected (sigmoid(-6) =
     0.25%) leaves one draft a round, however many the policy chose; one that expects them all accepted leaves the
-    policy's length. Greedy output is the target's own either way, with drafts accepted and rejected."""
+    policy's length. Greedy output is the target's own either way, with drafts accepted and rejected; the same
+    for a lone row of a batch (a server's lone request), whose rounds the single-sequence policy decides."""
     path = shutil.copytree(tiny["qwen3_5-dspark"], tmp_path / "drafter")
     config = json.loads((path / "config.json").read_text())
     config["dflash_config"].update(enable_confidence_head=True, confidence_head_with_markov=True)
@@ -228,7 +231,13 @@ def test_dspark_confidence_cuts_blocks_short_and_decoding_stays_exact(tiny, tmp_
     engine = mlx_spec.load(str(tiny["qwen3_5"]), draft_model=str(path))
     engine.next_policy = policy = Chosen(engine.max_draft_len)
     ids = engine.encode(PROMPT)
-    events = list(mlx_spec.stream(engine, ids, max_tokens=48))
+    if lone_row:
+        decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, engine.max_draft_len,
+                                 engine.target.read_hidden, hidden_tail=engine.target.hidden_tail, alone=policy)
+        waiting = [(0, Job(ids, max_tokens=48))]
+        events = [event for _, event in decoder.stream(lambda: waiting.pop() if waiting else None, 8)]
+    else:
+        events = list(mlx_spec.stream(engine, ids, max_tokens=48))
     assert events[-1].tokens == plain_greedy(tiny["qwen3_5"], ids, 48)
     drafted = [e.draft_len for e in events if isinstance(e, mlx_spec.Round)]
     assert max(policy.chosen) > 1 and max(drafted) == min(longest, max(policy.chosen))

@@ -76,6 +76,21 @@ def test_the_adaptive_policy_drafts_by_the_outlook_without_probes():
     assert with_outlook.next_draft_len(1000, [0.95, 0.9, 0.05]) == 2
 
 
+def test_a_cost_overestimated_in_a_profile_is_timed_again_where_the_outlook_expects_a_copy():
+    """A profile that kept one slow round (a draft costing 2.67 plain steps, where it costs 0.1 now): where the
+    drafter expects its chains to pass, the policy re-times drafting now and then (at most two rounds a probe
+    interval) and drafts again; where it expects them to fail, it spends nothing on probes."""
+    profile = {"plain_time": 1.0, "shapes": {"1": {"acceptance": [0.2] * 6, "fixed": 0.0, "slope": 1.67,
+                                                   "costs": {"1": 2.67}}}}
+    for outlook, drafts in [([0.9] * 6, True), ([0.05] * 6, False)]:
+        policy, chosen = ModelledCostPolicy(6, profile=profile), []
+        for _ in range(300):
+            chosen.append(k := policy.next_draft_len(1000, outlook))
+            policy.observe(k, k if outlook[0] > 0.5 else 0, None)
+        late = chosen[150:]
+        assert (late.count(0) < len(late) / 4) if drafts else late.count(0) == len(late), chosen
+
+
 def test_decoding_under_the_outlook_stays_exact(tiny):
     """The n-gram drafter under the adaptive policy (costs modelled, so that its choices follow the outlook, not
     the clock) on a prompt that holds the target's own continuation, then the prompt again: every token equals

@@ -68,6 +68,11 @@ class RowDrafters:
     def select(self, rows: list[int]) -> None:
         self.rows = [self.rows[i] for i in rows]
 
+    @property
+    def outlook(self) -> list[float] | None:
+        """A lone row's drafter's outlook (`NgramDrafter.outlook`; None: it makes none, or rows share a round)."""
+        return getattr(self.rows[0], "outlook", None) if len(self.rows) == 1 else None
+
     def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
                 keys: list[mx.array]) -> list[Draft]:
         return [drafter.propose(context, k, p, key) if k else Draft.empty()
