@@ -1,7 +1,7 @@
 """A server decodes a lone request as a batch of one row (at its default --batch-size of 8): while a batch has one
 row, its rounds are decided as a sequence alone is, by the single-sequence policy that starts from the profile
 kept on disk and keeps what it learnt, on the drafter's outlook (n-gram); rows that share a round are the batch
-policy's."""
+policy's; an n-gram drafter's rows learn into the engine's drafter, as a sequence alone does."""
 
 import json
 
@@ -9,6 +9,7 @@ from helpers import PROMPT, plain_greedy
 
 import mlx_spec
 from mlx_spec.batched import BatchedDecoder, Job
+from mlx_spec.drafters.ngram import NgramDrafter
 from mlx_spec.policy import AdaptiveDraftLength
 
 
@@ -65,6 +66,7 @@ def test_a_lone_ngram_row_is_decided_on_its_drafters_outlook_and_shared_rounds_b
     assert result.tokens == plain_greedy(tiny["qwen3"], jobs[0].prompt, 40)
     assert alone.outlooks and all(isinstance(outlook, list) for outlook in alone.outlooks)
     assert any(alone.outlooks)  # chains expected
+    assert engine.drafter.rates != NgramDrafter().rates  # what the row learnt, the next request starts from
 
     alone = Recording(engine.max_draft_len)
     decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, engine.max_draft_len,

@@ -42,8 +42,14 @@ class NgramDrafter:
         self.outlook: list[float] = []
 
     def batched(self, target_batch) -> RowDrafters:
-        """Drafting for a batch: an n-gram index of its own per row, chains."""
-        return RowDrafters(self.name, lambda: NgramDrafter(self.max_ngram, self.min_ngram))
+        """Drafting for a batch: an n-gram index of its own per row, chains, what each row learns of its drafts'
+        acceptance learnt into this drafter's estimates (which the next request, alone or in a batch, starts from:
+        a fresh prior each request drafted a server's copies short)."""
+        def row() -> NgramDrafter:
+            drafter = NgramDrafter(self.max_ngram, self.min_ngram)
+            drafter.rates = self.rates
+            return drafter
+        return RowDrafters(self.name, row)
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         self.latest: dict[tuple[int, ...], list[int]] = {}  # n-gram -> ends of its latest occurrences, newest first
