@@ -248,7 +248,7 @@ class AdaptiveDraftLength:
             # text. Or the probe's second round: the first resumed drafting (no cost signal), and a cost once
             # overestimated would otherwise keep drafting off for good
             if k == 0 and (self.uncosted or (probe_due(self.rounds, self.probe_every, break_even) if outlook is None
-                                             else self.cost_probe_due(outlook, break_even))):
+                                             else self.cost_probe_due(outlook))):
                 k, self.width = 1, min(self.shapes)
             if k:
                 tree = f", trees of width {self.width}" if self.width > 1 else ""
@@ -263,16 +263,15 @@ class AdaptiveDraftLength:
             else:
                 self.note = (f"drafting off: recent first-draft acceptance {chain.acceptance[0]:.0%} is below "
                              f"break-even {break_even:.0%}")
-        self.draft_len, self.drafted_at = k, self.rounds if k else self.drafted_at
+        self.draft_len = k
         return max(0, min(k, remaining - 1))
 
-    def cost_probe_due(self, outlook: list[float], break_even: float) -> bool:
+    def cost_probe_due(self, outlook: list[float]) -> bool:
         """With the drafter's outlook (learnt from the text whether drafted or not) a probe re-times only what
-        drafting costs: as often as probes without one, at the first round past the untimed ones whose chain would
-        pay were drafting half as dear as measured (an n-gram profile kept one slow round's 2.7 plain steps for a
-        draft and drafted nothing for good)."""
-        interval = self.probe_every / max(1 - break_even, 1 / 8)
-        if self.rounds <= UNTIMED_ROUNDS or self.rounds - self.drafted_at <= interval:
+        drafting costs: past the untimed rounds, `probe_every` rounds after the last that drafted, where the chain
+        would pay were drafting half as dear as measured (an n-gram profile kept one slow round's 2.7 plain steps
+        for a draft and drafted nothing for good). At most two rounds in `probe_every`, where a copy is expected."""
+        if self.rounds <= UNTIMED_ROUNDS or self.rounds - self.drafted_at <= self.probe_every:
             return False
         chain = self.shapes[min(self.shapes)]
         return any(chain.expected_tokens(k, outlook) > 1 + (chain.cost(k) - 1) / 2
@@ -347,6 +346,7 @@ class AdaptiveDraftLength:
             shape.judged[j] = self.rounds
         kind = self.width if draft_len else 0
         first_of_kind = kind not in self.warmed_up
+        self.drafted_at = self.rounds if draft_len else self.drafted_at
         resumed, self.previous_len = draft_len > 0 and self.previous_len == 0, draft_len
         # fresh: the round after one that resumed drafting (a probe's second), the first cost since drafting paused
         fresh, self.uncosted = self.uncosted, resumed
