@@ -4,6 +4,7 @@ rounds that tests/test_policy_traces.py replays (tests/traces/).
     python scripts/bench_policy.py draft-1.5b [--tokens 64 --prompts 2 --reps 2 --trace tests/traces]
     python scripts/bench_policy.py ngram-smollm2 --context 512,2048,7680 --tokens 128 --reps 1
     python scripts/bench_policy.py mtp-smollm2 --temp 0.7 --top-p 0.9
+    python scripts/bench_policy.py ngram-gemma3 --tokens 256
 
 For one target and drafter (PAIRS; float32 from scripts/real_models.py; mtp-smollm2: the MTP head that
 scripts/train_compare.py trains), greedy or sampled (--temp, --top-p: outputs differ from plain decoding's, so none
@@ -44,6 +45,7 @@ PAIRS = {  # name: (target, drafter keyword arguments of mlx_spec.load)
     "ngram-1.5b": ("qwen2.5-coder-1.5b", {"drafter": "ngram"}),
     "ngram-0.5b": ("qwen2.5-coder-0.5b", {"drafter": "ngram"}),
     "ngram-smollm2": ("smollm2-135m", {"drafter": "ngram"}),
+    "ngram-gemma3": ("gemma3-270m", {"drafter": "ngram"}),
     "mtp-smollm2": ("smollm2-135m", {"mtp_path": str(ROOT / "build/train-compare/smollm2-135m-f32/mtp")}),
 }
 MADE_BY = {"mtp_path": "python scripts/train_compare.py --model smollm2-135m --kinds mtp"}  # what trains a head
