@@ -365,7 +365,8 @@ class BatchedDecoder:
                 plan.policy.observe(longest, 0, seconds, rows=list(zip(drafted, accepted)))
             return
         self.rounds_alone += 1  # as alone, a lone row's first rounds straddle the prefill and the rows that left
-        plan.policy.observe(longest, accepted[0], seconds if self.rounds_alone > UNTIMED_ROUNDS else None)
+        plan.policy.observe(longest, accepted[0], seconds if self.rounds_alone > UNTIMED_ROUNDS else None,
+                            asked=plan.lengths[0])
 
     def _emit(self, rows: list[Row], drafts: list[Draft], accepted: list[int],
               next_tokens: list[int]) -> list[tuple[object, object]]:

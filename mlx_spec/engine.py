@@ -228,7 +228,7 @@ class Engine:
         try:
             while stop_reason is None:
                 try:
-                    verdict, new_tokens, own_time = next(rounds)
+                    verdict, new_tokens, own_time, asked = next(rounds)
                 except Exception:
                     self.cached_context = []  # the cache may hold a half-finished round: never reuse it
                     raise
@@ -240,7 +240,7 @@ class Engine:
                 # run one ahead): gemma3-270m's took 284, 59 and 81 ms against 134 after, and a draft's cost
                 # measured against those kept drafting off for good
                 timed = stats.rounds >= UNTIMED_ROUNDS and own_time
-                self.policy.observe(verdict.draft_len, verdict.accepted, seconds if timed else None)
+                self.policy.observe(verdict.draft_len, verdict.accepted, seconds if timed else None, asked=asked)
                 context += new_tokens
                 stats.record_round(verdict)
                 yield verdict
@@ -307,13 +307,13 @@ class Engine:
         return step, token.reshape(1)
 
     def rounds(self, context: list[int], params: SamplingParams, max_tokens: int, generated: list[int],
-               key: mx.array) -> Iterator[tuple[Round, list[int], bool]]:
+               key: mx.array) -> Iterator[tuple[Round, list[int], bool, int]]:
         """A generation's rounds, as (its Round, the tokens to append to `context`, whether the time since the
-        last one is this round's own); the caller appends them and adds what it emits to `generated` before asking
-        for the next. A plain round decides the next one before its token reaches the host, and a plain next round
-        is then already running (`pipelines`): a run of them is timed by its middle rounds (its first can wait for
-        the second's step too, as a CPU does, its last find its step done). When the generation ends, a step
-        running ahead is removed from the cache."""
+        last one is this round's own, the drafts it asked for); the caller appends them and adds what it emits to
+        `generated` before asking for the next. A plain round decides the next one before its token reaches the
+        host, and a plain next round is then already running (`pipelines`): a run of them is timed by its middle
+        rounds (its first can wait for the second's step too, as a CPU does, its last find its step done). When
+        the generation ends, a step running ahead is removed from the cache."""
         decided = queued = None  # the next round's (draft length, key), and its plain step when already running
         try:
             while True:
@@ -322,7 +322,7 @@ class Engine:
                     decided = (self.decide(max_tokens - len(generated)), round_key)
                 (draft_len, round_key), decided = decided, None
                 if draft_len or not self.pipelines(params):
-                    yield *self.speculate_round(context, draft_len, params, round_key), True
+                    yield *self.speculate_round(context, draft_len, params, round_key), True, draft_len
                     continue
                 ran_ahead = queued is not None
                 step, token = queued or self.plain_step(context[-1:], params, round_key, context)
@@ -337,7 +337,7 @@ class Engine:
                 new_tokens = [token.item()]
                 if self.drafter:
                     self.drafter.accept(context + new_tokens, 0, step)
-                yield Round(0, 0), new_tokens, ran_ahead == (queued is not None)
+                yield Round(0, 0), new_tokens, ran_ahead == (queued is not None), 0
         except GeneratorExit:
             if queued:  # the step after the last token ran for nothing
                 self.target.rollback(1)

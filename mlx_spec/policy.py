@@ -59,7 +59,7 @@ class FixedDraftLength:
         return self.draft_len > 0
 
     def observe(self, draft_len: int, accepted: int, seconds: float,
-                rows: list[tuple[int, int]] | None = None) -> None:
+                rows: list[tuple[int, int]] | None = None, asked: int | None = None) -> None:
         pass
 
     def explain(self) -> list[str]:
@@ -222,6 +222,8 @@ class AdaptiveDraftLength:
         chain = self.shapes[min(self.shapes)]
         if self.plain_time is None or self.rounds % (4 * self.probe_every) == 0:
             k = 0  # measure (and now and then re-measure) the cost of a plain step
+        elif outlook == []:  # asking would cost a round that does not run one ahead, for no draft
+            k, self.note = 0, "drafting off: the drafter has nothing to draft here"
         elif unmeasured:
             k, self.width = 1, unmeasured[0]  # measure the cost of drafting with the cheapest draft: where
             # drafting cannot pay, exploring at the longest length cost ~13% of a short generation
@@ -258,8 +260,7 @@ class AdaptiveDraftLength:
                              "always-right draft gains")
             elif outlook is not None:
                 self.note = (f"drafting off: the drafter expects its next first draft to pass {outlook[0]:.0%} of the "
-                             f"time, below break-even {break_even:.0%}" if outlook else
-                             "drafting off: the drafter has nothing to draft here")
+                             f"time, below break-even {break_even:.0%}")
             else:
                 self.note = (f"drafting off: recent first-draft acceptance {chain.acceptance[0]:.0%} is below "
                              f"break-even {break_even:.0%}")
@@ -338,8 +339,13 @@ class AdaptiveDraftLength:
         measured = self.plain_time is not None and all(shape.slope is not None for shape in self.shapes.values())
         return not measured or self.best()[0] > 0
 
-    def observe(self, draft_len: int, accepted: int, seconds: float | None) -> None:
-        """Learn from a finished round: how far its drafts got, and how long it took (None: not known)."""
+    def observe(self, draft_len: int, accepted: int, seconds: float | None, asked: int | None = None) -> None:
+        """Learn from a finished round: how far its drafts got, and how long it took (None: not known); `asked`:
+        the drafts it asked for, if the drafter had fewer. One that asked and got none (n-gram found nothing) says
+        nothing of a draft's cost nor of a plain step's (it does not run one ahead as plain steps do)."""
+        if draft_len == 0 and asked:
+            self.uncosted = False  # a probe that found nothing to draft: the next is a probe's first round again
+            return
         d, shape = self.decay, self.shapes[self.width]
         for j in range(min(draft_len, accepted + 1)):  # positions the verifier actually judged
             shape.judge(j, j < accepted, d)

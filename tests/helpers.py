@@ -86,15 +86,15 @@ class ModelledCostPolicy(AdaptiveDraftLength):
         super().__init__(max_len, **kwargs)
         self.per_draft = per_draft
 
-    def observe(self, draft_len, accepted, seconds):
-        super().observe(draft_len, accepted, 1.0 + self.per_draft * draft_len)
+    def observe(self, draft_len, accepted, seconds, asked=None):
+        super().observe(draft_len, accepted, 1.0 + self.per_draft * draft_len, asked)
 
 
 class FlatCostBatchPolicy(BatchDraftLength):
     """The batch policy fed a flat cost (every round one second, as a bandwidth-bound GPU would take) instead of
     the clock, so that a test's draft lengths depend on acceptance alone, not on how busy the machine is."""
 
-    def observe(self, draft_len, accepted, seconds, rows=None):
+    def observe(self, draft_len, accepted, seconds, rows=None, asked=None):
         super().observe(draft_len, accepted, 1.0, rows)
 
 
@@ -137,7 +137,7 @@ class RandomDraftLengths:
         decodes, no work on its prompt)."""
         return self.readied
 
-    def observe(self, draft_len, accepted, seconds, rows=None):
+    def observe(self, draft_len, accepted, seconds, rows=None, asked=None):
         pass
 
     def explain(self):

@@ -9,6 +9,7 @@ from helpers import PROMPT, ModelledCostPolicy, plain_greedy
 
 import mlx_spec
 from mlx_spec.drafters.ngram import MATCH_CLASSES, NgramDrafter, match_class
+from mlx_spec.policy import AdaptiveDraftLength
 from mlx_spec.sampling import SamplingParams
 
 
@@ -89,6 +90,19 @@ def test_a_cost_overestimated_in_a_profile_is_timed_again_where_the_outlook_expe
             policy.observe(k, k if outlook[0] > 0.5 else 0, None)
         late = chosen[150:]
         assert (late.count(0) < len(late) / 4) if drafts else late.count(0) == len(late), chosen
+
+
+def test_nothing_is_asked_of_a_drafter_that_expects_nothing_to_draft():
+    """Before any draft is timed (a first run), the policy measures a draft's cost only where the drafter has a
+    chain to draft: asking one with nothing to draft costs a round that does not run one ahead as plain steps do,
+    and times nothing."""
+    policy, chosen = AdaptiveDraftLength(4), []
+    for i in range(12):
+        chosen.append(k := policy.next_draft_len(1000, [] if i < 8 else [0.9] * 4))
+        policy.observe(k, k, 1.0 + 0.1 * k)
+        if i == 7:
+            assert policy.note == "drafting off: the drafter has nothing to draft here"
+    assert chosen[:8] == [0] * 8 and chosen[8] == 1, chosen
 
 
 def test_decoding_under_the_outlook_stays_exact(tiny):

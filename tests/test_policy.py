@@ -332,8 +332,24 @@ class TimesSeen(FixedDraftLength):
         super().__init__(0)
         self.seconds = []
 
-    def observe(self, draft_len, accepted, seconds, rows=None):
+    def observe(self, draft_len, accepted, seconds, rows=None, asked=None):
         self.seconds.append(seconds)
+
+
+def test_a_round_that_asked_for_drafts_and_found_none_is_not_a_plain_step():
+    """A drafter without an outlook (suffix, lookahead) that finds nothing to draft runs a round of no drafts,
+    dearer than a plain step (which runs one ahead). From a profile (plain steps of 1 s there), three such rounds
+    (3 s each) neither end its calibration nor set this run's plain step: the drafting rounds after them do, on a
+    machine twice as fast (before: the first such round set it, 3 s)."""
+    profile = {"plain_time": 1.0, "shapes": {"1": {"acceptance": [0.8] * 4, "fixed": 0.0, "slope": 0.2,
+                                                   "costs": {"2": 1.4}}}}
+    policy = AdaptiveDraftLength(4, profile=profile)
+    for found in [0, 0, 0, None, None, None, None]:  # the first drafting round compiles: untimed
+        k = policy.next_draft_len(1000)
+        drafted = k if found is None else found
+        assert k > 0
+        policy.observe(drafted, drafted, 3.0 if found == 0 else 0.5 * policy.shapes[1].cost(k), asked=k)
+    assert policy.plain_time == pytest.approx(0.5) and policy.calibration is None
 
 
 def test_a_run_of_plain_steps_is_timed_by_its_middle_rounds(tiny):

@@ -80,7 +80,7 @@ class Replay:
             kind = "none" if asked and not k and "none" in self.costs else k
             cost = self.costs[kind][used.get(kind, 0) % len(self.costs[kind])]
             used[kind] = used.get(kind, 0) + 1
-            policy.observe(k, accepted, cost if i >= UNTIMED_ROUNDS else None)
+            policy.observe(k, accepted, cost if i >= UNTIMED_ROUNDS else None, asked=asked)
             spent += cost
             done += accepted + 1
             if self.text:  # a plain round decides the next before its token is known: on the outlook before it
@@ -98,7 +98,7 @@ class Pinned:
     def next_draft_len(self, remaining, outlook=None):
         return min(self.k, remaining - 1)
 
-    def observe(self, *args):
+    def observe(self, *args, **kwargs):
         pass
 
 
