@@ -4,8 +4,8 @@ Every rank holds a slice of the target (mlx-lm's tensor or pipeline sharding: it
 activations among the ranks) and a whole drafter, and runs the same engine on the same inputs with the same seeds,
 so every rank drafts, verifies and accepts the same tokens without sending drafts around. Rank 0 (the leader) runs
 the command; the others (followers) run each generation it starts. Three things keep them in step:
-- `share`: the leader hands each generation (the engine it runs on, its prompt ids, settings and the draft-length
-  policy's state) to every follower before it starts;
+- `share`: the leader hands each generation (the engine it runs on, its prompt ids, settings, the draft-length
+  policy's state and its drafter's estimates of its drafts) to every follower before it starts;
 - `agree`, once a round: every rank contributes a checksum of the tokens it accepted, and takes the leader's round
   time (the policy learns the same costs everywhere, so it picks the same draft lengths), its stop request and
   a draft length pinned meanwhile; a checksum that differs stops every rank with an error (ranks on different
@@ -143,6 +143,7 @@ class Generation:
     engine: int  # which of the leader's engines (0: the loaded one; others: `with_drafter` siblings, in order made)
     drafter: str  # that engine's drafter, to make the follower's sibling the first time
     policy: object  # the engine's draft-length policy as it stands (learnt costs and acceptance included)
+    estimates: object  # what its drafter learnt of its drafts (n-gram's outlook; None: nothing), as it stands
     prompt: list[int]
     params: object
     max_tokens: int
@@ -186,8 +187,9 @@ class Lockstep:
         if self.leader:
             if engine not in self.engines:
                 self.engines.append(engine)
-            self.share(Generation(self.engines.index(engine), engine.status().drafter, policy, list(prompt), params,
-                                  max_tokens, list(stop), seed))
+            estimates = engine.drafter.estimates() if hasattr(engine.drafter, "estimates") else None
+            self.share(Generation(self.engines.index(engine), engine.status().drafter, policy, estimates,
+                                  list(prompt), params, max_tokens, list(stop), seed))
         self.policy = policy
 
     def agree(self, engine, tokens: list[int], seconds: float, stop: bool) -> tuple[float, bool]:
@@ -224,6 +226,8 @@ class Lockstep:
                 engines.append(engine.with_drafter(job.drafter))
             follower = engines[job.engine]
             follower.next_policy = job.policy
+            if job.estimates is not None:  # each rank's profile may hold others: every rank drafts the leader's way
+                follower.drafter.start_from(job.estimates)
             for _ in follower.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
                 pass
         self.done = True

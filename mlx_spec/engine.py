@@ -90,6 +90,8 @@ class Engine:
         self.round_logprobs: list = []  # the last round's, a (log p, top) for each token it emitted
         self.profiles = profiles
         self.learnt = profiles.read() if profiles else None  # what the adaptive policy learnt, to start the next
+        if isinstance(self.learnt, dict) and hasattr(drafter, "start_from"):  # and the drafter of its drafts
+            drafter.start_from(self.learnt.get("drafter"))
         self.batch_policy = None  # the adaptive policy of the last batch (`_decoder`), which the next goes on with
         self.pin(draft_len)
         self.policy = self.next_policy
@@ -270,8 +272,9 @@ class Engine:
         yield done
 
     def keep_profile(self, policy) -> None:
-        """What `policy` learnt (None: nothing), for the next generation to start from (and on disk, `profiles`)."""
+        """What `policy` (None: nothing) and the drafter learnt, for the next generation (and on disk, `profiles`)."""
         if learnt := policy and policy.profile():
+            learnt["drafter"] = self.drafter.estimates() if hasattr(self.drafter, "estimates") else None
             self.learnt = learnt
             if self.profiles:
                 self.profiles.write(learnt)

@@ -1,7 +1,7 @@
 """What the adaptive draft-length policy learnt of a target and drafter on this machine (round costs per draft
-length, acceptance per draft position), kept between runs so that a command starts at the length that paid last
-time instead of measuring from scratch: one small JSON file per target, drafter and machine in
-~/.cache/mlx-spec/policy, or in $MLX_SPEC_POLICY_PROFILES (empty: keep nothing)."""
+length, acceptance per draft position; an n-gram drafter's estimates of its drafts), kept between runs so that a
+command starts at the length that paid last time instead of measuring from scratch: one small JSON file per
+target, drafter and machine in ~/.cache/mlx-spec/policy, or in $MLX_SPEC_POLICY_PROFILES (empty: keep nothing)."""
 
 from __future__ import annotations
 

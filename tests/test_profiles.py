@@ -38,6 +38,28 @@ def test_a_run_starts_from_the_profile_the_last_one_kept(tiny, tmp_path, monkeyp
     assert load(tiny).status().reasons[1:] == ["still measuring: a plain step, then a draft"]
 
 
+def test_a_later_command_starts_from_what_the_ngram_drafter_learnt_of_its_drafts(tiny, tmp_path, monkeypatch):
+    """The n-gram drafter's estimates of its drafts' acceptance by match length (what its outlook weighs) are kept
+    in the profile: a later command's drafter starts from them, not from the prior, and still outputs plain
+    greedy decoding; estimates that are not a list of (passed, judged) pairs leave the prior."""
+    monkeypatch.setenv("MLX_SPEC_POLICY_PROFILES", str(tmp_path))
+    first = load(tiny, drafter="ngram")
+    ids = first.encode(PROMPT)
+    ids = ids + plain_greedy(tiny["qwen3"], ids, 40) + ids  # a prompt that holds the answer: copies to learn from
+    reference, prior = plain_greedy(tiny["qwen3"], ids, 40), first.drafter.estimates()
+    assert first.generate(ids, max_tokens=40).tokens == reference
+    learnt = first.drafter.estimates()
+    [kept] = tmp_path.glob("*.json")
+    saved = json.loads(kept.read_text())
+    assert learnt != prior and saved["profile"]["drafter"] == learnt
+    second = load(tiny, drafter="ngram")
+    assert second.drafter.estimates() == learnt
+    assert second.generate(ids, max_tokens=40).tokens == reference
+    saved["profile"]["drafter"] = [[1, 0]] * len(prior)
+    kept.write_text(json.dumps(saved))
+    assert load(tiny, drafter="ngram").drafter.estimates() == prior
+
+
 def test_profiles_are_kept_nowhere_when_turned_off(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("MLX_SPEC_POLICY_PROFILES", "")
     monkeypatch.setenv("HOME", str(tmp_path))

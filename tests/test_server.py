@@ -193,6 +193,7 @@ def test_a_long_prompt_does_not_starve_short_requests(server):
     headers = {"Authorization": f"Bearer {KEY}"}
     with httpx.stream("POST", f"{url}/v1/completions", headers=headers, timeout=60,
                       json={"model": model, "prompt": LONG_PROMPT, "max_tokens": 4, "stream": True}) as long:
+        assert long.status_code == 200
         time.sleep(2)  # its prefill under way
         answer = client(url).completions.create(model=model, prompt="def f", max_tokens=4, timeout=60)
         assert answer.usage.completion_tokens == 4  # while the long prompt (minutes of prefill) is still running

@@ -103,6 +103,20 @@ class NgramDrafter:
         passed, judged = self.rates[match_class]
         return passed / judged
 
+    def estimates(self) -> list[list[float]]:
+        """What it learnt of its drafts' acceptance by match length, which a later run starts from (`start_from`;
+        the engine keeps it in the policy's profile): a fresh prior made a command's first copies short."""
+        return [[round(passed, 4), round(judged, 4)] for passed, judged in self.rates]
+
+    def start_from(self, estimates) -> None:
+        """Start from `estimates()` of an earlier run (one damaged, or of another version, is ignored)."""
+        try:
+            rates = [[float(passed), float(judged)] for passed, judged in estimates]
+        except (TypeError, ValueError):
+            return
+        if len(rates) == len(MATCH_CLASSES) and all(0 <= passed <= judged and judged > 0 for passed, judged in rates):
+            self.rates[:] = rates  # in place: a batch's rows share them
+
     def look(self, context: list[int]) -> None:
         """Judge the chains drafted (or looked at) so far against what `context` became; then look ahead: the
         estimated acceptance of each draft of the next chain, each given the ones before passed (`outlook`)."""
