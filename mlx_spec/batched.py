@@ -32,7 +32,7 @@ from .sampling import SamplingParams
 from .stats import Stats
 from .target import PREFILL_CHUNK
 from .text_stream import TextStream
-from .verify import verify_draft
+from .verify import position_keys, verify_draft
 
 MAX_BATCH = 32  # the default batch size's upper bound
 PADDING = 1.25  # prompts prefilled together run at most this many tokens per prompt token (the rest padding)
@@ -58,7 +58,8 @@ class Row:
             raise SpecError("the prompt is empty: give some text to continue")
         self.key, self.job = key, job
         self.context, self.generated = list(job.prompt), []
-        self.text, self.random = TextStream(tokenizer, list(job.stop)), mx.random.key(job.seed)
+        self.text, self.seed = TextStream(tokenizer, list(job.stop)), mx.random.key(job.seed)
+        self.random = self.seed  # what its drafts' keys are split off
         self.stats = Stats(drafter=drafter_name, prompt_tokens=len(job.prompt))
         self.stop_reason: str | None = None
         self.prefill: RaggedBatch | None = None  # its prompt's cache while it is prefilled, before it joins
@@ -273,8 +274,8 @@ class BatchedDecoder:
         return self.alone if self.alone and rows == 1 else self.policy
 
     def _plan(self, rows: list[Row], emitting: int = 0) -> "Plan":
-        """A round's draft length per row (the policy's, or the row's own pin) and keys, each row's keys split off
-        as alone; `emitting`: tokens the rows still emit before it (a plan made one round ahead)."""
+        """A round's draft length per row (the policy's, or the row's own pin) and keys, each row's as alone;
+        `emitting`: tokens the rows still emit before it (a plan made one round ahead)."""
         policy = self._policy(len(rows))
         remaining = [row.job.max_tokens - len(row.generated) - emitting for row in rows]
         if isinstance(policy, BatchDraftLength):
@@ -284,12 +285,11 @@ class BatchedDecoder:
             longest = policy.next_draft_len(max(remaining), getattr(self.drafters, "outlook", None))
         plan = Plan([], [], [], policy=policy)
         for row, left in zip(rows, remaining):
-            row.random, round_key = mx.random.split(row.random)
-            draft_key, verify_key = mx.random.split(round_key)
+            row.random, draft_key = mx.random.split(row.random)
             wanted = longest if row.job.draft_len is None else row.job.draft_len
             plan.lengths.append(max(0, min(wanted, left - 1)))
             plan.draft_keys.append(draft_key)
-            plan.verify_keys.append(verify_key)
+            plan.verify_keys.append(position_keys(row.seed, len(row.context) + emitting, plan.lengths[-1] + 1))
         return plan
 
     def _plain_step(self, batch: RaggedBatch, rows: list[Row], plan: "Plan", last: mx.array) -> None:
@@ -344,7 +344,8 @@ class BatchedDecoder:
         logits = batch.forward(inputs, [1 + d.tokens.shape[0] for d in drafts])
         hidden = self.read_hidden() if self.read_hidden else None
         verdicts = [verify_draft(d, masked(row, logits[i, :1 + d.tokens.shape[0]], d), row.job.params, row.context,
-                                 key) for i, (row, d, key) in enumerate(zip(rows, drafts, plan.verify_keys))]
+                                 keys[:1 + d.tokens.shape[0]])
+                    for i, (row, d, keys) in enumerate(zip(rows, drafts, plan.verify_keys))]
         mx.eval([d.tokens for d in drafts], verdicts)  # the round's only host synchronisation
         accepted = [a.item() for a, _ in verdicts]
         batch.keep([a + 1 for a in accepted])

@@ -27,7 +27,7 @@ from .sampling import SamplingParams, token_logprobs
 from .stats import RoundCosts, Stats
 from .text_stream import TextStream
 from .target import MAX_DRAFT_LEN, Interrupted, Step, Target
-from .verify import verify_draft, verify_tree
+from .verify import position_keys, verify_draft, verify_tree
 
 
 CHATS = 64  # chats whose tokens an engine keeps, to encode the next turn of each exactly as it ran
@@ -98,9 +98,8 @@ class Engine:
         self.lockstep = None  # distributed.Lockstep: this engine's target is sharded across ranks kept in step
 
     def pin(self, draft_len: int | None, tree_width: int | None = None) -> None:
-        """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose; from the
-        next round decided on. tree_width: trees of at most the width the drafter was loaded with (1: chains); None:
-        that width."""
+        """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose, from the next
+        round decided on; tree_width: at most the drafter's loaded width (1: chains; None: that width)."""
         check_draft_len(draft_len)
         width = self.tree_width if tree_width is None else tree_width
         if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= self.tree_width:
@@ -301,23 +300,23 @@ class Engine:
         log-probabilities, which need the tokens on the host."""
         return self.lockstep is None and not params.has_penalties and self.grammar is None and self.logprobs is None
 
-    def plain_step(self, last: list[int] | mx.array, params: SamplingParams, key: mx.array,
+    def plain_step(self, last: list[int] | mx.array, params: SamplingParams, seed: mx.array, position: int,
                    history: list[int]) -> tuple[Step, mx.array]:
         """A plain round, lazy: the target's forward over `last` (a token id, or the token a step still running
-        picks) and the token it picks; what `speculate_round` does with no drafts, with the same randomness."""
+        picks) and the token it picks for `position`; what `speculate_round` does with no drafts."""
         step = self.target.forward(mx.array(last, dtype=mx.int32) if isinstance(last, list) else last)
-        _, token = verify_draft(Draft.empty(), step.logits, params, history, mx.random.split(key)[1])
+        _, token = verify_draft(Draft.empty(), step.logits, params, history, position_keys(seed, position, 1))
         return step, token.reshape(1)
 
     def rounds(self, context: list[int], params: SamplingParams, max_tokens: int, generated: list[int],
-               key: mx.array) -> Iterator[tuple[Round, list[int], bool, int]]:
-        """A generation's rounds, as (its Round, the tokens to append to `context`, whether the time since the
-        last one is this round's own, the drafts it asked for); the caller appends them and adds what it emits to
-        `generated` before asking for the next. A plain round decides the next one before its token reaches the
-        host, and a plain next round is then already running (`pipelines`): a run of them is timed by its middle
-        rounds (its first can wait for the second's step too, as a CPU does, its last find its step done). When
-        the generation ends, a step running ahead is removed from the cache."""
-        decided = queued = None  # the next round's (draft length, key), and its plain step when already running
+               seed: mx.array) -> Iterator[tuple[Round, list[int], bool, int]]:
+        """A generation's rounds from the key `seed`, as (its Round, the tokens to append to `context`, whether
+        the time since the last one is this round's own, the drafts it asked for); the caller appends them and adds
+        what it emits to `generated` before asking for the next. A plain round decides the next one before its
+        token reaches the host, and a plain next round is then already running (`pipelines`): a run of them is
+        timed by its middle rounds (its first can wait for the second's step too, as a CPU does, its last find its
+        step done). When the generation ends, a step running ahead is removed from the cache."""
+        key, decided, queued = seed, None, None  # the next round's (draft length, draft key); its step if running
         try:
             while True:
                 if decided is None:
@@ -325,17 +324,17 @@ class Engine:
                     decided = (self.decide(max_tokens - len(generated)), round_key)
                 (draft_len, round_key), decided = decided, None
                 if draft_len or not self.pipelines(params):
-                    yield *self.speculate_round(context, draft_len, params, round_key), True, draft_len
+                    yield *self.speculate_round(context, draft_len, params, round_key, seed), True, draft_len
                     continue
                 ran_ahead = queued is not None
-                step, token = queued or self.plain_step(context[-1:], params, round_key, context)
+                step, token = queued or self.plain_step(context[-1:], params, seed, len(context), context)
                 queued = None
                 self.target.rollback(0)  # releases what a recurrent cache kept, before the next step runs
                 if len(generated) + 1 < max_tokens:
                     key, round_key = mx.random.split(key)
                     decided = (self.decide(max_tokens - len(generated) - 1), round_key)
                     if decided[0] == 0:
-                        queued = self.plain_step(token, params, round_key, context)
+                        queued = self.plain_step(token, params, seed, len(context) + 1, context)
                         mx.async_eval(queued[1])
                 new_tokens = [token.item()]
                 if self.drafter:
@@ -346,11 +345,10 @@ class Engine:
                 self.target.rollback(1)
             raise
 
-    def speculate_round(self, context: list[int], draft_len: int, params: SamplingParams, key: mx.array,
-                        seconds: dict | None = None):
-        """One round: returns (its Round, the tokens to append to the context). With `seconds`, the draft and
-        the target's forward are each evaluated and timed on their own (slower)."""
-        draft_key, verify_key = mx.random.split(key)
+    def speculate_round(self, context: list[int], draft_len: int, params: SamplingParams, draft_key: mx.array,
+                        seed: mx.array, seconds: dict | None = None):
+        """One round: returns (its Round, the tokens to append to the context); the target draws by `seed`'s
+        `position_keys`. With `seconds`, the draft and the target's forward are each timed on their own (slower)."""
         start = time.perf_counter()
         if hasattr(self.drafter, "constrain"):  # chains that follow the grammar are not drafted in vain
             self.drafter.constrain = self.constrain_drafts if self.grammar else None
@@ -374,7 +372,8 @@ class Engine:
             seconds["verify"] = time.perf_counter() - start
         if draft.parents is None:
             logits = step.logits if self.grammar is None else self.grammar.masked(step.logits, draft.tokens.tolist())
-            accepted, next_token = verify_draft(draft, logits, params, context, verify_key)
+            accepted, next_token = verify_draft(draft, logits, params, context,
+                                                position_keys(seed, len(context), draft_len + 1))
             mx.eval(draft.tokens, accepted, next_token)  # the round's only host synchronisation (but a grammar's)
             accepted = accepted.item()
             self.target.rollback(draft_len - accepted)
@@ -382,7 +381,8 @@ class Engine:
             verdict = Round(draft_len, accepted, draft_len)
         else:
             logits = step.logits if self.grammar is None else self.grammar.masked_tree(step.logits, draft.prefixes())
-            path, new_tokens = verify_tree(draft, logits, params, context, verify_key)
+            keys = position_keys(seed, len(context), max(draft.depths()) + 1)  # to the deepest node's next
+            path, new_tokens = verify_tree(draft, logits, params, context, keys)
             kept = [0, *(node + 1 for node in path)]
             self.target.keep(draft_len + 1, kept)
             step = step.rows(kept)  # keeps every node's logits in `step.tree_logits` for the drafter
@@ -412,12 +412,12 @@ class Engine:
         if self.tree_width > 1:
             self.drafter.width = self.next_policy.widest  # the shape asked for (a generation may have left a chain)
         timed: dict[int, list[dict]] = {}
-        key = mx.random.key(0)
+        seed = key = mx.random.key(0)
         for k in dict.fromkeys([0, *(draft_lens if self.drafter else [])]):
             for r in range(rounds + 1):
                 key, round_key = mx.random.split(key)
                 seconds = {}
-                verdict, new_tokens = self.speculate_round(context, k, params, round_key, seconds)
+                verdict, new_tokens = self.speculate_round(context, k, params, round_key, seed, seconds)
                 context += new_tokens
                 if r:
                     timed.setdefault(verdict.draft_len, []).append(seconds)

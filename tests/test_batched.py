@@ -101,8 +101,8 @@ def test_pinned_rows_draft_in_a_batch_as_alone(tiny, target, options):
     for i, job in enumerate(jobs):
         alone = engine.generate(job.prompt, job.params, job.max_tokens, [], job.seed)
         assert results[i].tokens == alone.tokens and results[i].from_draft == alone.from_draft, i
-        assert results[i].stats.batch_size == 3
-    assert sum(r.stats.accepted for r in results.values()) > 0
+        assert results[i].stats.batch_size > 1  # decoded beside others (the last may find only one left)
+    assert max(r.stats.batch_size for r in results.values()) == 3 and sum(r.stats.accepted for r in results.values())
 
 
 class PausingPolicy(FixedDraftLength):
@@ -123,6 +123,7 @@ def test_the_mtp_layer_starts_over_after_a_pause_in_a_batch_as_alone(monkeypatch
     starts over on the last PROMPT_ROWS of them rather than building rows for the whole pause: in a batch as
     alone, so every row's tokens and drafts equal decoding it alone (greedy and sampled rows)."""
     engine = mlx_spec.load(str(DEMO / "demo"), drafter="mtp")
+    engine.tokenizer.eos_token_ids = []  # every row lives through the pause
     jobs = [Job(job.prompt, job.params, 48, seed=job.seed) for job in jobs_for(engine, sampled=True)[:3]]
     forgotten, forget = [], RaggedBatch.forget
     monkeypatch.setattr(RaggedBatch, "forget", lambda self, row: forgotten.append(row) or forget(self, row))

@@ -11,7 +11,7 @@ import mlx_spec
 from mlx_spec.drafters.lookahead import LookaheadDrafter
 from mlx_spec.sampling import SamplingParams
 from mlx_spec.target import MAX_DRAFT_LEN, Step
-from mlx_spec.verify import verify_tree
+from mlx_spec.verify import position_keys, verify_tree
 
 REPEATED = "def f(x):\n    return x\n" * 4
 
@@ -94,7 +94,7 @@ def test_the_pool_learns_a_repeating_text_from_its_trajectories():
     for _ in range(12):
         draft = drafter.propose(context, 3, SamplingParams(), mx.random.key(0))
         logits = target_logits([context[-1], *draft.tokens.tolist()])
-        path, new_tokens = verify_tree(draft, logits, SamplingParams(), context, mx.random.key(0))
+        path, new_tokens = verify_tree(draft, logits, SamplingParams(), context, position_keys(mx.random.key(0), 0, 4))
         assert new_tokens == [cycle[(cycle.index(context[-1]) + 1 + i) % 5] for i in range(len(new_tokens))]
         context = context + new_tokens
         drafter.accept(context, len(path), Step(logits[mx.array([0, *(n + 1 for n in path)])], tree_logits=logits))

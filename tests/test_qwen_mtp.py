@@ -14,6 +14,7 @@ from mlx_spec.drafters.qwen_mtp import PROMPT_ROWS
 from mlx_spec.loading import DEMO
 from mlx_spec.errors import SpecError
 from mlx_spec.models.qwen3_5 import lm_head, text_model
+from mlx_spec.sampling import SamplingParams
 from mlx_spec.target import Target
 
 # --- an independent NumPy transcription of the Qwen3.5 MTP equations, from the raw HF tensors --------------
@@ -130,9 +131,11 @@ def test_mtp_cache_is_rebuilt_from_verified_hidden_states(tiny, qwen35):
     assert result.stats.drafted > result.stats.accepted
     context = ids + result.tokens
     drafter = engine.drafter
+    drafter.propose(context, 1, SamplingParams(), mx.random.key(0))  # builds the rows of the verified positions
     first = len(ids) - 1 - PROMPT_ROWS  # the rows start at the prompt's last PROMPT_ROWS positions
     assert first > 0
     end = first + drafter.caches[0].offset  # then one per target position whose successor is known
+    assert end == len(context) - 1
     hidden = target_hidden(engine, context[:end + 1])
     expected = mtp_reference(w, cfg, w["model.language_model.embed_tokens.weight"][context[first + 1:end + 1]],
                              hidden[first:end])

@@ -5,14 +5,17 @@ import itertools
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT
+from helpers import PROMPT, RandomDraftLengths
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load
 from scipy.stats import chisquare
 
 import mlx_spec
 from mlx_spec.errors import SpecError
+from mlx_spec.batched import BatchedDecoder, Job
 from mlx_spec.sampling import SamplingParams, distributions
 from mlx_spec.target import Step
+from mlx_spec.verify import position_keys
 
 
 def numpy_distribution(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
@@ -148,3 +151,54 @@ def assert_follows(observed: dict, exact: dict, samples: int) -> None:
     keys = [k for k in exact if exact[k] > 0]
     f_exp = np.array([exact[k] for k in keys]) / sum(exact[k] for k in keys) * samples
     assert chisquare([observed[k] for k in keys], f_exp).pvalue > 1e-3
+
+
+def plain_sampled(path, prompt: list[int], max_tokens: int, temperature: float, top_p: float, seed: int) -> list[int]:
+    """mlx-lm's model decoding alone, each token drawn from its NumPy distribution by the documented rule: the
+    Gumbel-max draw with the key of its position in the sequence (`position_keys`), up to the first end token."""
+    model, tokenizer = load(str(path))
+    cache, tokens = make_prompt_cache(model), []
+    logits = model(mx.array([prompt]), cache=cache)[0, -1]
+    for position in range(len(prompt), len(prompt) + max_tokens):
+        p = numpy_distribution(np.array(logits, dtype=np.float64), temperature, top_p=top_p)
+        noise = np.array(mx.random.gumbel((p.size,), key=position_keys(mx.random.key(seed), position, 1)[0]))
+        with np.errstate(divide="ignore"):
+            tokens.append(int(np.argmax(np.log(p) + noise)))
+        if tokens[-1] in tokenizer.eos_token_ids:
+            break
+        logits = model(mx.array([tokens[-1:]]), cache=cache)[0, -1]
+    return tokens
+
+
+@pytest.mark.parametrize("options", [{"drafter": "ngram"}, {"drafter": "ngram", "tree_width": 3},
+                                     {"drafter": "lookahead"}, {"drafter": "suffix"},
+                                     {"draft_model": "qwen3-dflash", "tree_width": 2}])
+def test_a_seed_draws_the_tokens_plain_sampling_draws_whatever_is_drafted(tiny, options):
+    """With single-token drafts (chains, trees, DDTrees over blocks, not a block's sampled chain) a sampled run is plain sampling's, token for
+    token, whatever the draft lengths and shapes (runs of random ones, drafting off for a while): each position's
+    draw depends on the seed and the position only, so a seed repeats a run under the adaptive policy however busy
+    the machine is. Drafts are both accepted and rejected."""
+    options = {k: str(tiny[v]) if k == "draft_model" else v for k, v in options.items()}
+    engine = mlx_spec.load(str(tiny["qwen3"]), **options)
+    prompt = engine.encode("for i in range(10):\n    print(i)\n" * 3)
+    rounds = []
+    for seed, (temperature, top_p) in enumerate([(0.1, 1.0), (0.2, 1.0), (0.7, 0.9), (1.0, 1.0)]):
+        engine.next_policy = RandomDraftLengths(engine.max_draft_len, seed, widths=(engine.tree_width,))
+        events = list(mlx_spec.stream(engine, prompt, max_tokens=60, temperature=temperature, top_p=top_p, seed=seed))
+        assert events[-1].tokens == plain_sampled(tiny["qwen3"], prompt, 60, temperature, top_p, seed), seed
+        rounds += [e for e in events if isinstance(e, mlx_spec.Round) and e.draft_len]
+    assert any(r.accepted for r in rounds) and any(r.accepted < r.draft_len for r in rounds)
+
+
+def test_every_row_of_a_sampled_batch_draws_what_plain_sampling_draws(tiny):
+    """Rows joining and leaving a batch, at random draft lengths: each is plain sampling with its own seed."""
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="ngram")
+    texts = ["for i in range(10):\n    print(i)\n" * 3, PROMPT, "import os\nimport sys\n" * 2, "x = 1\ny = 2\n"]
+    jobs = [Job(engine.encode(text), SamplingParams(temperature=0.2), max_tokens=40 - 5 * i, seed=10 + i)
+            for i, text in enumerate(texts)]
+    decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, engine.max_draft_len)
+    decoder.policy = RandomDraftLengths(engine.max_draft_len, 0)
+    results = dict(decoder.run(jobs, 2))
+    for i, job in enumerate(jobs):
+        assert results[i].tokens == plain_sampled(tiny["qwen3"], job.prompt, job.max_tokens, 0.2, 1.0, job.seed), i
+    assert 0 < sum(r.stats.accepted for r in results.values()) < sum(r.stats.drafted for r in results.values())

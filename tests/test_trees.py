@@ -13,7 +13,7 @@ from mlx_spec.draft import Draft
 from mlx_spec.engine import Engine
 from mlx_spec.sampling import SamplingParams, distributions
 from mlx_spec.target import Target
-from mlx_spec.verify import verify_tree
+from mlx_spec.verify import position_keys, verify_tree
 
 MAX_TOKENS = 120
 
@@ -172,7 +172,7 @@ def test_tree_verification_samples_the_target_distribution(params):
                  parents=[-1, -1, -1, -1, 0, 0])
     first, second = np.zeros(vocab), np.zeros(vocab)
     for seed in range(draws):
-        path, emitted = verify_tree(tree, logits, params, [], mx.random.key(seed))
+        path, emitted = verify_tree(tree, logits, params, [], position_keys(mx.random.key(seed), 0, 3))
         assert emitted[:-1] == [tree.tokens[n].item() for n in path]
         first[emitted[0]] += 1
         if path[:1] == [0]:

@@ -6,7 +6,7 @@ import pytest
 from scipy.stats import chisquare
 
 from mlx_spec.sampling import SamplingParams, distributions
-from mlx_spec.verify import verify
+from mlx_spec.verify import position_keys, verify
 
 V = 8
 N = 6000
@@ -22,11 +22,11 @@ def run_many(p_first, q_first, draft_tokens_sampler, n=N, k=1, seed=0):
     rng = np.random.default_rng(seed)
     p = mx.array(np.stack([p_first] + [normalise(rng.random(V)) for _ in range(k)]))
     q = None if q_first is None else mx.array(np.stack([q_first] * k))
-    keys = mx.random.split(mx.random.key(seed), n)
+    keys = mx.random.split(mx.random.key(seed), n)  # a sequence's seed per round
     counts, accepted_total = np.zeros(V), 0
     for i in range(n):
         draft = draft_tokens_sampler(rng)
-        accepted, next_token = verify(mx.array(draft, dtype=mx.int32), q, p, keys[i])
+        accepted, next_token = verify(mx.array(draft, dtype=mx.int32), q, p, position_keys(keys[i], 0, k + 1))
         accepted = accepted.item()
         first = draft[0] if accepted > 0 else next_token.item()
         counts[first] += 1
@@ -71,7 +71,7 @@ def test_bonus_token_comes_from_the_last_position():
     p = np.stack([np.eye(V)[2], np.eye(V)[3], normalise([1, 2, 3, 4, 0, 0, 0, 0])])
     counts = np.zeros(V)
     for i in range(3000):
-        accepted, nxt = verify(mx.array([2, 3], dtype=mx.int32), None, mx.array(p), mx.random.key(i))
+        accepted, nxt = verify(mx.array([2, 3], dtype=mx.int32), None, mx.array(p), position_keys(mx.random.key(i), 0, 3))
         assert accepted.item() == 2
         counts[nxt.item()] += 1
     assert_distributed_as(counts, p[2])
@@ -82,13 +82,13 @@ def test_greedy_accepts_exactly_the_argmax_prefix():
     p = distributions(logits, SamplingParams(temperature=0), [])
     best = mx.argmax(logits, axis=-1).tolist()
     draft = [best[0], best[1], (best[2] + 1) % 50]
-    accepted, nxt = verify(mx.array(draft, dtype=mx.int32), None, p, mx.random.key(0))
+    accepted, nxt = verify(mx.array(draft, dtype=mx.int32), None, p, position_keys(mx.random.key(0), 0, 4))
     assert (accepted.item(), nxt.item()) == (2, best[2])
 
 
 def test_same_seed_same_result():
     p = mx.array(np.stack([normalise(np.arange(1, V + 1))] * 3))
     q = mx.array(np.stack([normalise(np.arange(V, 0, -1))] * 2))
-    runs = {tuple(x.item() for x in verify(mx.array([0, 1], dtype=mx.int32), q, p, mx.random.key(7)))
+    runs = {tuple(x.item() for x in verify(mx.array([0, 1], dtype=mx.int32), q, p, position_keys(mx.random.key(7), 0, 3)))
             for _ in range(5)}
     assert len(runs) == 1
