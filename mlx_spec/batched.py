@@ -26,7 +26,8 @@ import mlx.core as mx
 from .draft import Draft
 from .events import Done, Result, Round, Text, Token, emit
 from .errors import SpecError
-from .policy import UNTIMED_ROUNDS, AdaptiveDraftLength, BatchDraftLength, FixedDraftLength
+from .batch_policy import BatchDraftLength
+from .policy import UNTIMED_ROUNDS, AdaptiveDraftLength, FixedDraftLength
 from .ragged import RaggedBatch, RaggedKVCache, check_batches
 from .sampling import SamplingParams
 from .stats import Stats

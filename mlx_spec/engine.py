@@ -79,8 +79,7 @@ class Engine:
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.context_length = context_length
         self.max_draft_len, self.sibling, self.drafters = max_draft_len, sibling, list(drafters)
-        self.tree_width = getattr(drafter, "width", 1)  # > 1: the drafter drafts trees, a round's width chosen by
-        # the policy (the adaptive one also tries chains)
+        self.tree_width = getattr(drafter, "width", 1)  # > 1: trees, a round's width the policy's (or chains)
         self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
         self.conversations: list[tuple[str, list[int]]] = []  # the last chats answered, as text and as tokens
         self.prompt_cache: PromptCache | None = None  # sequences kept besides the live one (None: none)
@@ -198,6 +197,7 @@ class Engine:
         prompt_ids = list(context)
         self.stop_requested = False
         self.policy = self.policy_now()
+        getattr(self.policy, "begin", lambda depth: None)(len(context))  # round costs depend on the context's depth
         stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
         mx.reset_peak_memory()
         start = time.perf_counter()
@@ -448,7 +448,7 @@ class Engine:
         """Decode `jobs` (`batched.Job`s: token ids and their settings), `batch_size` at a time in one batch
         (`batched.BatchedDecoder`; 1: one after another with `generate`); yields (the job's index, its Result) as
         each finishes. Drafting as this engine's: its drafter (drafting for the batch: `batched(target_batch)`),
-        its pinned length or the adaptive policy (`policy.BatchDraftLength`); a job's own `draft_len` first."""
+        its pinned length or the adaptive policy (`batch_policy.BatchDraftLength`); a job's own `draft_len` first."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise SpecError(f"batch size must be a whole number >= 1, got {batch_size!r}")
         if batch_size == 1:

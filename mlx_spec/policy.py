@@ -154,23 +154,42 @@ class Shape:
 
     def saved(self) -> dict:
         """What a profile keeps: the long-run acceptance (not the last rounds': the next text may differ), costs."""
-        return {"acceptance": [round(passed / judged, 4) for passed, judged in self.totals], "fixed": self.fixed,
-                "slope": self.slope, "costs": {str(k): round(c, 4) for k, c in sorted(self.costs.items())}}
+        return {"acceptance": [round(passed / judged, 4) for passed, judged in self.totals], **self.saved_costs()}
+
+    def saved_costs(self) -> dict:
+        return {"fixed": self.fixed, "slope": self.slope,
+                "costs": {str(k): round(c, 4) for k, c in sorted(self.costs.items())}}
 
     def resume(self, saved: dict) -> None:
-        """Start from what a profile saved (`saved`): its costs count for PROFILE_WEIGHT measurements each."""
+        """Start from what a profile saved (`saved`)."""
         learnt = [float(a) for a in saved["acceptance"]][: len(self.acceptance)]
         self.acceptance[: len(learnt)] = learnt
-        self.fixed, self.slope = float(saved["fixed"]), saved["slope"] and float(saved["slope"])
-        self.costs = {int(k): float(c) for k, c in saved["costs"].items() if 0 < int(k) <= len(self.acceptance)}
-        self.counts = dict.fromkeys(self.costs, PROFILE_WEIGHT)
         self.verdicts = [PRIOR] * len(self.acceptance)
         self.totals[: len(learnt)] = [[a * LONG_RUN, LONG_RUN] for a in learnt]
-        if self.slope is None and self.costs:
-            self.slope = 0.0
+        self.resume_costs(saved)
+
+    def resume_costs(self, saved: dict | None) -> None:
+        """Start from the costs `saved_costs` gave, each counting for PROFILE_WEIGHT measurements (None: none)."""
+        self.costs, self.counts, self.timed, self.moments, self.fixed, self.slope = {}, {}, {}, None, 0.0, None
+        if saved:
+            self.fixed, self.slope = float(saved["fixed"]), saved["slope"] and float(saved["slope"])
+            self.costs = {int(k): float(c) for k, c in saved["costs"].items() if 0 < int(k) <= len(self.acceptance)}
+            self.counts = dict.fromkeys(self.costs, PROFILE_WEIGHT)
+            if self.slope is None and self.costs:
+                self.slope = 0.0
 
 
 SPREAD = 0.2  # the variance of the draft lengths timed (squared drafts) past which a round's fixed cost is fitted
+
+
+def depth_band(depth: int) -> int:
+    """The band of context depths (tokens) whose round costs are learnt together: 0 under 1K, then one per
+    doubling (1: 1K to 2K, 2: to 4K, 3: to 8K, ...)."""
+    return max(0, depth.bit_length() - 10)
+
+
+def band_range(band: int) -> str:
+    return "under 1K tokens" if band == 0 else f"of {2 ** (band - 1)}K-{2 ** band}K tokens"
 
 
 class AdaptiveDraftLength:
@@ -196,19 +215,54 @@ class AdaptiveDraftLength:
         self.draft_len, self.width, self.widest = max_len, widths[0], widths[-1]
         self.note = f"adaptive draft length, up to {max_len}" + (f", chains or trees of width {widths[-1]}"
                                                                   if len(widths) > 1 else "")
+        self.band = 0  # of the context's depth (`depth_band`), whose costs `shapes` and `plain_time` hold
+        self.bands: dict[str, dict] = {}  # the costs learnt at other bands (`costs_at_band`)
         try:
             if profile and set(profile["shapes"]) == {str(w) for w in widths}:
                 for w, shape in self.shapes.items():
                     shape.resume(profile["shapes"][str(w)])
                 self.plain_time, self.calibration = float(profile["plain_time"]), []
+                self.band, self.bands = int(profile.get("band", 0)), dict(profile.get("bands", {}))
         except (AttributeError, KeyError, TypeError, ValueError):  # a damaged profile, or another version's
             self.shapes = {w: Shape(max_len, prior_acceptance) for w in widths}
+            self.band, self.bands = 0, {}
+
+    def measured(self) -> bool:
+        """Whether the costs of a plain step and of drafting with every shape are measured at this band."""
+        return self.plain_time is not None and all(shape.slope is not None for shape in self.shapes.values())
 
     def profile(self) -> dict | None:
-        """What this policy learnt, to start a later one from (None: nothing measured yet)."""
-        if self.plain_time is None or any(shape.slope is None for shape in self.shapes.values()):
+        """What this policy learnt, to start a later one from (None: no band's costs measured yet)."""
+        bands = {**self.bands, **({str(self.band): self.costs_at_band()} if self.measured() else {})}
+        if not bands:
             return None
-        return {"plain_time": self.plain_time, "shapes": {str(w): s.saved() for w, s in self.shapes.items()}}
+        band = str(self.band) if self.measured() else next(iter(bands))
+        costs = bands.pop(band)
+        return {"plain_time": costs["plain_time"], "band": int(band), "bands": bands,
+                "shapes": {str(w): {**s.saved(), **costs["shapes"][str(w)]} for w, s in self.shapes.items()}}
+
+    def costs_at_band(self) -> dict:
+        return {"plain_time": self.plain_time, "shapes": {str(w): s.saved_costs() for w, s in self.shapes.items()}}
+
+    def begin(self, depth: int) -> None:
+        """A generation's context is `depth` tokens. A round's cost grows with depth, and on a CPU a draft's
+        steeply (the 0.5B with n-gram: one draft 0.12 of a plain step at 55 tokens, 0.47 at 8K), so costs are
+        learnt per band of depths: entering another band resumes what was learnt there (this run's plain step
+        calibrated again) or measures afresh; what was learnt of acceptance holds."""
+        band = depth_band(depth)
+        if band == self.band:
+            return
+        if self.measured():
+            self.bands[str(self.band)] = self.costs_at_band()
+        self.band, costs = band, self.bands.pop(str(band), None)
+        self.plain_time, self.calibration, self.spread_tries = None, None, 0
+        try:
+            for w, shape in self.shapes.items():
+                shape.resume_costs(costs and costs["shapes"][str(w)])
+            self.plain_time, self.calibration = (float(costs["plain_time"]), []) if costs else (None, None)
+        except (AttributeError, KeyError, TypeError, ValueError):  # a damaged profile's: measured afresh
+            for shape in self.shapes.values():
+                shape.resume_costs(None)
 
     def expected_tokens(self, k: int, width: int = 1) -> float:
         return self.shapes[width].expected_tokens(k, self.outlook if width == min(self.shapes) else None)
@@ -304,7 +358,7 @@ class AdaptiveDraftLength:
         """Why it drafts what it drafts: the decision, each length's expected speed against plain decoding (a
         length not yet measured marked "guessed"), the acceptance per draft position and the round costs."""
         lines = [self.note]
-        if self.plain_time is None or any(shape.slope is None for shape in self.shapes.values()):
+        if not self.measured():
             return lines + ["still measuring: a plain step, then a draft"]
         for w, shape in self.shapes.items():
             kind = f"trees of width {w}" if w > 1 else "chains"
@@ -313,7 +367,7 @@ class AdaptiveDraftLength:
                 for (k, width), rate in self.rates().items() if width == w and k))
             lines.append(f"  acceptance by position {' '.join(f'{a:.0%}' for a in shape.acceptance)}; a round costs "
                          + ", ".join(f"k={k} {c:.2f}" for k, c in sorted(shape.costs.items()))
-                         + f" plain steps ({self.plain_time * 1000:.0f} ms)")
+                         + f" plain steps ({self.plain_time * 1000:.0f} ms) at contexts {band_range(self.band)}")
             if self.outlook is not None and w == min(self.shapes):
                 lines.append("  the drafter expects of its next chain, by position: "
                              + (" ".join(f"{a:.0%}" for a in self.outlook[: self.max_len]) or "no draft"))
@@ -336,8 +390,7 @@ class AdaptiveDraftLength:
         """Whether the next sequence is worth readying to draft (its drafter's work on the prompt): yes until the
         costs measured say that no draft pays at the acceptance seen; its drafter then starts on the positions it
         decodes, if drafting turns on (probes included)."""
-        measured = self.plain_time is not None and all(shape.slope is not None for shape in self.shapes.values())
-        return not measured or self.best()[0] > 0
+        return not self.measured() or self.best()[0] > 0
 
     def observe(self, draft_len: int, accepted: int, seconds: float | None, asked: int | None = None) -> None:
         """Learn from a finished round: how far its drafts got, and how long it took (None: not known); `asked`:
@@ -375,126 +428,3 @@ class AdaptiveDraftLength:
                 return
             shape.learn(draft_len, r, PROBE_WEIGHT if fresh else 1 - d)
             shape.timed[draft_len] = self.rounds
-
-
-class BatchDraftLength:
-    """The adaptive policy for a batch of `rows` rows (`resize`). A round's time depends on the tokens its target
-    forward runs, rows x (1 + k), whatever the split: small forwards are bandwidth-bound (more tokens cost little),
-    large ones compute-bound (they cost in proportion), and between the two not always monotone (BLAS blocks some
-    sizes better). So seconds are learnt per token count, shared by every batch size as rows come and go,
-    interpolated between the counts measured and, beyond them, along the least growth measured between two, drawn
-    from the largest count measured or the one before it, whichever makes it least (past a count dearer than the
-    next): the optimist's guess (below them, when rows leave, no less than in proportion), one length past the
-    counts measured at a time, measured (in two rounds) if it pays and enough rounds remain to repay that
-    (HORIZON). What is learnt of the text once for all rows: the share of rows that draft at all (an n-gram drafter
-    may find nothing) and the acceptance per draft position of those that do, each verdict counted (a round that
-    judged a position once moves it less than one that judged it four times). Each round drafts the k that
-    maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at rows (plain steps) and 2 rows
-    (one draft) first, and probing with one draft now and then while it is off."""
-
-    def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.85, prior_acceptance: float = 0.7):
-        self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
-        self.chain = Shape(max_len, prior_acceptance)  # the acceptance of rows that draft
-        self.share = 1.0  # of the rows asked to draft, those that drafted something
-        self.judged = [-STALE - 1] * max_len  # the round that last judged each position (none: stale from the start)
-        self.verdicts = [PRIOR] * max_len  # the verdicts each position's acceptance stands on, decayed each round
-        self.seconds: dict[int, float] = {}  # tokens in the target's forward -> seconds of the round
-        self.seen: set[int] = set()  # token counts run once (a first run compiles: no cost signal)
-        self.rows, self.rounds, self.draft_len = 1, 0, 0
-        self.note = f"adaptive draft length per batch size, up to {max_len}"
-
-    def resize(self, rows: int) -> None:
-        self.rows = rows
-
-    def time(self, tokens: int) -> float | None:
-        """Seconds of a round whose forward runs `tokens` tokens, from the counts measured (None: none yet)."""
-        known = sorted(self.seconds)
-        if tokens in self.seconds or not known:
-            return self.seconds.get(tokens)
-        below, above = [n for n in known if n < tokens], [n for n in known if n > tokens]
-        if below and above:
-            low, high = below[-1], above[0]
-            return self.seconds[low] + (self.seconds[high] - self.seconds[low]) * (tokens - low) / (high - low)
-        nearest = above[0] if above else below[-1]
-        proportional = self.seconds[nearest] * tokens / nearest
-        if len(known) < 2:  # one count measured: assume the forward compute-bound (the cautious guess)
-            return proportional
-        slope = min(max(0.0, (self.seconds[b] - self.seconds[a]) / (b - a)) for a, b in zip(known, known[1:]))
-        if above:  # fewer tokens than measured (rows left): no less than in proportion
-            return max(proportional, self.seconds[nearest] - slope * (nearest - tokens))
-        return min(self.seconds[n] + slope * (tokens - n) for n in known[-2:])  # past a dear count (BLAS's blocking)
-
-    def expected_tokens(self, k: int) -> float:
-        """Tokens a row gets from a round of k drafts: 1, and what drafting rows add, for the share that draft."""
-        return 1 + self.share * (self.chain.expected_tokens(k) - 1)
-
-    def next_draft_len(self, remaining: int) -> int:
-        self.rounds += 1
-        rows, k = self.rows, 0
-        plain = self.time(rows)
-        if not self.seconds or self.rounds % (4 * self.probe_every) == 0:
-            k = 0  # measure plain steps (and now and then again)
-        elif len(self.seconds) < 2:
-            k = 0 if 2 * rows in self.seconds else 1  # a second token count to draw the line through
-        else:
-            k = self.best(rows, remaining)
-            break_even = (self.time(2 * rows) - plain) / plain
-            if k == 0 and probe_due(self.rounds, self.probe_every, break_even):
-                k = 1  # a cheap probe: has the text become predictable?
-            self.note = (f"draft length {k} at {rows} rows: expected {self.expected_tokens(k):.2f} tokens/round"
-                         if k else f"drafting off at {rows} rows: a draft costs {break_even:.2f} plain steps, recent "
-                                   f"first-draft acceptance {self.chain.acceptance[0]:.0%}")
-        self.draft_len = k
-        return max(0, min(k, remaining - 1))
-
-    def best(self, rows: int, remaining: int | None = None) -> int:
-        """The draft length expected to make the most tokens per second at `rows` rows (two token counts measured),
-        over the `remaining` tokens the longest row still wants (None: no end in sight)."""
-        self.explore()
-        largest, rates = max(self.seconds), {}
-        for k in range(self.max_len + 1):
-            past = rows * (1 + k) > largest  # the first length past the counts measured, at the optimist's guess:
-            # the others wait for it, and it waits for enough of its rounds left to repay the two that measure it
-            # (with 32-token answers at 8 rows, trying two, three and four drafts ate the gain of one)
-            if past and k and remaining is not None and remaining < HORIZON * self.expected_tokens(k):
-                break
-            rates[k] = self.expected_tokens(k) / self.time(rows * (1 + k))
-            if past:
-                break
-        return max(rates, key=rates.__getitem__)
-
-    def drafts_at(self, rows: int) -> bool:
-        """Whether a row joining a batch of `rows` rows is worth readying to draft (the drafter's work on its prompt):
-        yes until the costs measured say drafting does not pay at that size; its drafter then starts on the
-        positions it decodes, if drafting turns on (probes included)."""
-        return len(self.seconds) < 2 or self.best(rows) > 0
-
-    def explore(self) -> None:
-        """A position no round judged of late (STALE rounds) is taken to pass as often as the one before it, not
-        at its old estimate: else a policy that found one draft paying would never learn whether two do, nor
-        again after a few unlucky rounds judged the second."""
-        for j in range(1, self.max_len):
-            if self.rounds - self.judged[j] > STALE:
-                self.chain.acceptance[j], self.verdicts[j] = self.chain.acceptance[j - 1], min(self.verdicts[j], PRIOR)
-
-    def observe(self, draft_len: int, accepted: int, seconds: float,
-                rows: list[tuple[int, int]] | None = None) -> None:
-        """Learn from a finished round: `rows` holds each row's (drafts, accepted); `draft_len` is the longest
-        draft, which every row paid for. The share of rows that drafted moves once per round; each position's
-        acceptance by the verdicts of the drafting rows that reached it, a token there or not: one that drafted
-        fewer (n-gram found no more) gained nothing."""
-        d, rows = self.decay, rows or [(draft_len, accepted)]
-        if draft_len:
-            self.share = d * self.share + (1 - d) * sum(drafts > 0 for drafts, _ in rows) / len(rows)
-        for j in range(draft_len):
-            judged = [j < kept for drafts, kept in rows if drafts and j <= kept]
-            if judged:
-                weight = d * self.verdicts[j]  # the past's verdicts, decayed
-                self.chain.acceptance[j] = (weight * self.chain.acceptance[j] + sum(judged)) / (weight + len(judged))
-                self.verdicts[j], self.judged[j] = weight + len(judged), self.rounds
-        tokens = len(rows) * (1 + draft_len)
-        if tokens not in self.seen:
-            self.seen.add(tokens)
-            return
-        old = self.seconds.get(tokens)
-        self.seconds[tokens] = seconds if old is None else d * old + (1 - d) * seconds

@@ -20,7 +20,8 @@ from mlx_lm.utils import load
 from safetensors.numpy import load_file, save_file
 
 from mlx_spec.drafters import Draft
-from mlx_spec.policy import AdaptiveDraftLength, BatchDraftLength, FixedDraftLength
+from mlx_spec.batch_policy import BatchDraftLength
+from mlx_spec.policy import AdaptiveDraftLength, FixedDraftLength
 from tiny import PROMPT  # noqa: F401  the tests' prompt (the Medusa test heads are trained on it)
 
 

@@ -11,7 +11,8 @@ import mlx_spec
 from mlx_spec.drafters import Draft
 from mlx_spec.engine import Engine
 from mlx_spec.batched import BatchedDecoder, Job
-from mlx_spec.policy import AdaptiveDraftLength, BatchDraftLength, FixedDraftLength
+from mlx_spec.batch_policy import BatchDraftLength
+from mlx_spec.policy import AdaptiveDraftLength, FixedDraftLength, depth_band
 from mlx_spec.target import Target
 
 
@@ -365,3 +366,24 @@ def test_a_run_of_plain_steps_is_timed_by_its_middle_rounds(tiny):
     decoder.policy = batch = TimesSeen()
     list(decoder.run([Job(engine.encode(text), max_tokens=10) for text in (PROMPT, "def add(a, b):")], 2))
     assert len(batch.seconds) == 8 and None not in batch.seconds
+
+
+def test_round_costs_are_learnt_per_band_of_context_depths(tiny):
+    """Drafts cheap at short contexts and dear past 4K tokens (as on a CPU, where a verify's attention grows
+    with depth): the policy drafts at the one and not at the other, each from its own band's costs, also in a
+    later policy started from the profile (which keeps both bands); the engine tells the policy each prompt's
+    depth."""
+    policy = AdaptiveDraftLength(max_len=4)
+    policy.begin(300)
+    assert max(run_rounds(policy, 40, lambda r: 2, per_draft=0.1)[-10:]) >= 2
+    policy.begin(5000)
+    assert run_rounds(policy, 60, lambda r: 2, per_draft=1.5)[-20:].count(0) >= 16
+    assert "at contexts of 4K-8K tokens" in policy.explain()[2]
+    later = AdaptiveDraftLength(max_len=4, profile=policy.profile())
+    later.begin(600)
+    assert max(run_rounds(later, 10, lambda r: 2, per_draft=0.1)[3:]) >= 2  # drafts at once: its costs were kept
+    later.begin(6000)
+    assert run_rounds(later, 10, lambda r: 2, per_draft=1.5)[3:].count(0) >= 6
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="ngram", draft_len=None)
+    mlx_spec.generate(engine, engine.encode(PROMPT * 40), max_tokens=4)
+    assert engine.policy.band == depth_band(len(engine.encode(PROMPT * 40))) > 0

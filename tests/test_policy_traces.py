@@ -50,6 +50,7 @@ class Replay:
 
     def __init__(self, prompt: dict, tokens: int, drafter: str):
         self.runs, self.offered = answer_positions(prompt["rounds"], tokens)
+        self.depth = prompt["prompt_tokens"]
         self.text = (prompt["prompt"], prompt["answer"]) if drafter == "ngram" and "answer" in prompt else None
         self.costs: dict[int | str, list[float]] = {}
         for name, rounds in prompt["rounds"].items():
@@ -61,6 +62,8 @@ class Replay:
         `drafter` (None: one from the prior)."""
         tokens = tokens or len(self.runs)
         done, spent, used, seen = 0, 0.0, {}, None
+        if hasattr(policy, "begin"):
+            policy.begin(self.depth)
         if self.text:
             drafter, context, answer = drafter or NgramDrafter(), list(self.text[0]), self.text[1]
             drafter.begin(context, None)
@@ -175,3 +178,19 @@ def test_the_ngram_outlook_nears_the_best_pinned_length_from_what_earlier_comman
     blind, _ = commands(answers, max_len, commands(answers, max_len, None)[1])
     assert warm >= 0.97 * best and warm > blind and warm > forgetful and cold >= 0.92 * best, (
         warm, forgetful, cold, blind, best)
+
+
+def test_a_profile_kept_at_short_prompts_does_not_mislead_a_long_context():
+    """Round costs grow with the context's depth (the 0.5B with n-gram: one draft 0.12 of a plain step at 55 tokens,
+    0.47 at 8K, where every pinned length is below plain decoding), so the policy learns them per band of depths: a
+    command at 8K tokens from a profile kept at short prompts runs >= 0.97 of plain decoding (with the short
+    prompts' costs: 0.92), and short prompts after it run from their own costs again."""
+    traces = Path(__file__).parent / "traces"
+    max_len, short = replays(traces / "ngram-0.5b.json")
+    _, deep = replays(traces / "ngram-0.5b-8k.json")
+    plain = overall([replay.speed(Pinned(0)) for replay in deep])
+    _, profile = commands(short, max_len, None)
+    again, _ = commands(short, max_len, profile)
+    long_context, profile = commands(deep, max_len, profile)
+    after, _ = commands(short, max_len, profile)
+    assert long_context >= 0.97 * plain and after >= 0.97 * again, (long_context, plain, after, again)
