@@ -54,8 +54,8 @@ def verify(draft_tokens: mx.array, q: mx.array | None, p: mx.array, keys: mx.arr
     """draft_tokens (k,), q (k, V) or None for one-hot drafts, p (k+1, V), keys (k+1, 2) -> (accepted count,
     next token)."""
     k = draft_tokens.shape[0]
-    drawn = draw(p, keys)  # the target's own token at each position
     if q is None:
+        drawn = draw(p, keys)  # the target's own token at each position
         accepted = mx.cumprod((draft_tokens == drawn[:k]).astype(mx.int32)).sum()
         return accepted, drawn[accepted]
     accept_keys, residual_keys = mx.vmap(lambda key: mx.random.split(key))(keys[:k]).transpose(1, 0, 2)
@@ -66,7 +66,7 @@ def verify(draft_tokens: mx.array, q: mx.array | None, p: mx.array, keys: mx.arr
     residual = mx.maximum(p[:k] - q, 0.0)
     mass = residual.sum(axis=-1, keepdims=True)
     residual = mx.where(mass > 0, residual / mx.maximum(mass, 1e-30), p[:k])
-    return accepted, mx.concatenate([draw(residual, residual_keys), drawn[k:]])[accepted]
+    return accepted, mx.concatenate([draw(residual, residual_keys), draw(p[k:], keys[k:])])[accepted]
 
 
 def verify_tree(draft: Draft, logits: mx.array, params: SamplingParams, history: list[int],

@@ -7,8 +7,9 @@ rounds that tests/test_policy_traces.py replays (tests/traces/).
     python scripts/bench_policy.py ngram-gemma3 --tokens 256
 
 For one target and drafter (PAIRS; float32 from scripts/real_models.py; mtp-smollm2: the MTP head that
-scripts/train_compare.py trains), greedy or sampled (--temp, --top-p: outputs differ from plain decoding's, so none
-is checked; no trace), every contender interleaved in one process after an untimed pass: plain decoding, the
+scripts/train_compare.py trains), greedy or sampled (--temp, --top-p: n-gram's single-token drafts still give plain
+decoding's very tokens for the seed, which is checked; a drafter that samples its drafts gives other samples, so
+none is checked; no trace), every contender interleaved in one process after an untimed pass: plain decoding, the
 drafter pinned at k = 1..8 and 12, the adaptive policy as a first run on this machine ("adaptive, first run":
 nothing learnt) and as later runs ("adaptive": starting from the profile the earlier adaptive runs kept, as each
 command does from ~/.cache/mlx-spec/policy; here kept in memory, nothing written). Prints each contender's median
@@ -89,7 +90,7 @@ def long_context(tokenizer, tokens: int) -> list[dict]:
 
 
 def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: int, reps: int, sampling: dict,
-            learnt=None):
+            compared: bool, learnt=None):
     """Every contender on every chat, interleaved after an untimed pass: tok/s by contender, whether every output
     equals plain decoding's, the worst spread of plain runs, the first repetition's rounds, and the profile the
     "adaptive" runs kept (what the next starts from)."""
@@ -109,7 +110,7 @@ def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: in
                     speeds.setdefault(name, []).append(tps)
                     first.setdefault(name, run)
                     plain_runs += [tps] if k == 0 else []
-            same = same and (bool(sampling) or all(t == outputs["plain"] for t in outputs.values()))
+            same = same and (not compared or all(t == outputs["plain"] for t in outputs.values()))
         plain_spread.append(spread(plain_runs))
         plain_step = statistics.median(seconds for _, _, seconds in first["plain"][3:])
         traces.append({"prompt_tokens": len(ids), "prompt": ids, "answer": outputs["plain"],
@@ -118,7 +119,7 @@ def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: in
     return speeds, same, max(plain_spread), traces, learnt
 
 
-def report(speeds: dict, same: bool, sampled: bool) -> None:
+def report(speeds: dict, same: bool, compared: bool, sampled: bool) -> None:
     plain = statistics.median(speeds["plain"])
     pinned = {name: statistics.median(v) for name, v in speeds.items() if name in ADAPTIVE_RANGE}
     best = max(pinned, key=pinned.get)
@@ -129,8 +130,8 @@ def report(speeds: dict, same: bool, sampled: bool) -> None:
     print(f"best pinned in hindsight (k = 1..{MAX_K}): {best}; adaptive / best pinned = "
           f"{statistics.median(speeds['adaptive']) / pinned[best]:.3f}, first run "
           f"{statistics.median(speeds['adaptive, first run']) / pinned[best]:.3f}; " + (
-              "sampled: outputs not compared" if sampled else
-              f"greedy outputs identical to plain decoding: {'all' if same else 'NO'}"))
+              "sampled: outputs not compared" if not compared else
+              f"{'sampled' if sampled else 'greedy'} outputs identical to plain decoding: {'all' if same else 'NO'}"))
 
 
 def main() -> int:
@@ -170,14 +171,15 @@ def main() -> int:
     print(f"{args.pair}: {target_dir.name}, {what}; float32, BLAS: {linux_blas.describe()}; {args.tokens} tokens, "
           f"{shown} x {args.reps} repetitions, {how}, interleaved; adaptive up to {adaptive_max}", flush=True)
     spreads, all_same, learnt, traced = [], True, None, []
+    compared = not sampling or kind == "ngram"  # single-token drafts: a seed's draws are plain sampling's
     with Neighbours() as neighbours:
         for rung in rungs or [None]:
             chats = [long_context(engine.tokenizer, rung)] if rung else PROMPTS[: args.prompts]
             speeds, same, plain_spread, traces, learnt = measure(engine, chats, contenders, adaptive_max,
-                                                                 args.tokens, args.reps, sampling, learnt)
+                                                                 args.tokens, args.reps, sampling, compared, learnt)
             if rung:
                 print(f"\ncontext of {traces[0]['prompt_tokens']} tokens:")
-            report(speeds, same, bool(sampling))
+            report(speeds, same, compared, bool(sampling))
             spreads.append(plain_spread)
             traced += traces
             all_same = all_same and same
