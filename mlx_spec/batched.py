@@ -11,7 +11,8 @@ together, where their padding stays small), then merged. One host
 synchronisation per round. The draft length is the policy's (`BatchDraftLength`, which learns what a forward of
 so many tokens costs): it turns drafting off where the batch makes the forward compute-bound. While one row is
 left (a lone server request), rounds are the single-sequence policy's (`AdaptiveDraftLength`, from the engine's
-profile), as alone: with the drafter's outlook (n-gram) and its chains cut by their confidence (DSpark).
+profile), as alone: at its context depth's costs, with the drafter's outlook (n-gram) and its chains cut by their
+confidence (DSpark).
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ class BatchedDecoder:
         self.policy = ((policy or BatchDraftLength(max_draft_len)) if draft_len is None and drafter
                        else FixedDraftLength(draft_len if drafter else 0))
         self.alone = alone if draft_len is None and drafter else None
-        self.rounds_alone = 0  # rounds since the batch last had more than one row
+        self.lone, self.rounds_alone = None, 0  # the row decoding alone (None: none), its rounds alone
         self.name = drafter.name if drafter else "off"
         self.prefixes = prefixes
 
@@ -278,6 +279,9 @@ class BatchedDecoder:
         """A round's draft length per row (the policy's, or the row's own pin) and keys, each row's as alone;
         `emitting`: tokens the rows still emit before it (a plan made one round ahead)."""
         policy = self._policy(len(rows))
+        if policy is self.alone and self.lone is not rows[0]:  # a row now alone: as alone, it begins (its costs
+            self.lone, self.rounds_alone = rows[0], 0  # are its context depth's) and its first rounds are not timed
+            policy.begin(len(rows[0].context))
         remaining = [row.job.max_tokens - len(row.generated) - emitting for row in rows]
         if isinstance(policy, BatchDraftLength):
             policy.resize(len(rows))
@@ -362,7 +366,7 @@ class BatchedDecoder:
         each row's `drafted` and `accepted` ones, in `seconds` (None: the round's time is not its own)."""
         drafted = drafted or [0] * len(accepted)
         if plan.policy is not self.alone:
-            self.rounds_alone = 0
+            self.lone = None
             if seconds is not None:
                 plan.policy.observe(longest, 0, seconds, rows=list(zip(drafted, accepted)))
             return
