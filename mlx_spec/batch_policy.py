@@ -23,7 +23,8 @@ class BatchDraftLength:
 
     def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.85, prior_acceptance: float = 0.7):
         self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
-        self.chain = Shape(max_len, prior_acceptance)  # the acceptance of rows that draft
+        self.chain = Shape(max_len, prior_acceptance, optimistic=False)  # the acceptance of rows that draft (its
+        # positions judged by many rows a round)
         self.share = 1.0  # of the rows asked to draft, those that drafted something
         self.judged = [-STALE - 1] * max_len  # the round that last judged each position (none: stale from the start)
         self.verdicts = [PRIOR] * max_len  # the verdicts each position's acceptance stands on, decayed each round

@@ -372,7 +372,7 @@ def test_round_costs_are_learnt_per_band_of_context_depths(tiny):
     """Drafts cheap at short contexts and dear past 4K tokens (as on a CPU, where a verify's attention grows
     with depth): the policy drafts at the one and not at the other, each from its own band's costs, also in a
     later policy started from the profile (which keeps both bands); the engine tells the policy each prompt's
-    depth."""
+    depth, a batch each row's that decodes alone."""
     policy = AdaptiveDraftLength(max_len=4)
     policy.begin(300)
     assert max(run_rounds(policy, 40, lambda r: 2, per_draft=0.1)[-10:]) >= 2
@@ -387,3 +387,7 @@ def test_round_costs_are_learnt_per_band_of_context_depths(tiny):
     engine = mlx_spec.load(str(tiny["qwen3"]), drafter="ngram", draft_len=None)
     mlx_spec.generate(engine, engine.encode(PROMPT * 40), max_tokens=4)
     assert engine.policy.band == depth_band(len(engine.encode(PROMPT * 40))) > 0
+    alone = AdaptiveDraftLength(max_len=4)  # a batch's lone rows too: a short prompt, then a long one
+    decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, 4, alone=alone)
+    list(decoder.run([Job(engine.encode(text), max_tokens=6) for text in (PROMPT, PROMPT * 40)], 1))
+    assert alone.band == depth_band(len(engine.encode(PROMPT * 40))) > 0
