@@ -92,7 +92,8 @@ class Shape:
         so far: it is judged only in rounds that draft that far, so one rejection there shortens the drafts that
         would judge it again (the 1.5B's 0.5B draft model, whose drafts pass ~97% of the time: one rejection put a
         position at 44%, and the default drafted 5 or 6 where 8 paid: measured, 0.92 -> 1.01 of the best pinned
-        length, a first run 0.78 -> 0.87; replayed on that run's trace 0.94 -> 0.99). The first position is judged in every drafting round."""
+        length, a first run 0.78 -> 0.87; replayed on that run's trace 0.94 -> 0.99). The first position is judged
+        in every drafting round."""
         if acceptance is None:
             acceptance = [a + (j > 0 and self.optimistic) * (a * (1 - a) / self.totals[j][1]) ** 0.5
                           for j, a in enumerate(self.acceptance)]
