@@ -5,13 +5,14 @@ rounds that tests/test_policy_traces.py replays (tests/traces/).
     python scripts/bench_policy.py ngram-smollm2 --context 512,2048,7680 --tokens 128 --reps 1
     python scripts/bench_policy.py mtp-smollm2 --temp 0.7 --top-p 0.9
     python scripts/bench_policy.py ngram-gemma3 --tokens 256
+    python scripts/bench_policy.py ngram-0.5b --context 16384 --tokens 128 --reps 1 --pinned 2
 
 For one target and drafter (PAIRS; float32 from scripts/real_models.py; mtp-smollm2: the MTP head that
 scripts/train_compare.py trains), greedy or sampled (--temp, --top-p: n-gram's single-token drafts still give plain
 decoding's very tokens for the seed, which is checked; a drafter that samples its drafts gives other samples, so
 none is checked; no trace), every contender interleaved in one process after an untimed pass: plain decoding, the
-drafter pinned at k = 1..8 and 12, the adaptive policy as a first run on this machine ("adaptive, first run":
-nothing learnt) and as later runs ("adaptive": starting from the profile the earlier adaptive runs kept, as each
+drafter pinned at k = 1..8 and 12 (--pinned: fewer), the adaptive policy as a first run on this machine
+("adaptive, first run": nothing learnt) and as later runs ("adaptive": starting from the profile the earlier adaptive runs kept, as each
 command does from ~/.cache/mlx-spec/policy; here kept in memory, nothing written). Prints each contender's median
 decode tok/s and its ratio to plain decoding, the adaptive runs against the best pinned length chosen in hindsight,
 whether every output equals plain decoding's, and the machine's load. --context: the same at each length of a long
@@ -58,7 +59,6 @@ PROMPTS = [
     "        self.y = y\n    def __repr__(self):\n        return f'Point({self.x}, {self.y})'\n",
 ]
 MAX_K, LONGEST = 8, 12  # pinned lengths: 1..MAX_K, the range the adaptive policy is held to, and LONGEST
-ADAPTIVE_RANGE = [f"k={k}" for k in range(1, MAX_K + 1)]
 
 
 def rounds(engine, ids: list[int], n: int, sampling: dict) -> tuple[list[list], float, list[int]]:
@@ -119,15 +119,16 @@ def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: in
     return speeds, same, max(plain_spread), traces, learnt
 
 
-def report(speeds: dict, same: bool, compared: bool, sampled: bool) -> None:
+def report(speeds: dict, same: bool, compared: bool, sampled: bool, max_k: int) -> None:
     plain = statistics.median(speeds["plain"])
-    pinned = {name: statistics.median(v) for name, v in speeds.items() if name in ADAPTIVE_RANGE}
+    held = {f"k={k}" for k in range(1, max_k + 1)}  # the range the adaptive policy is compared with
+    pinned = {name: statistics.median(v) for name, v in speeds.items() if name in held}
     best = max(pinned, key=pinned.get)
     print("| contender | tok/s (median) | vs plain | vs best pinned |\n|---|---|---|---|")
     for name, values in speeds.items():
         tps = statistics.median(values)
         print(f"| {name} | {tps:.2f} | {tps / plain:.2f}x | {tps / pinned[best]:.3f} |")
-    print(f"best pinned in hindsight (k = 1..{MAX_K}): {best}; adaptive / best pinned = "
+    print(f"best pinned in hindsight (k = 1..{max_k}): {best}; adaptive / best pinned = "
           f"{statistics.median(speeds['adaptive']) / pinned[best]:.3f}, first run "
           f"{statistics.median(speeds['adaptive, first run']) / pinned[best]:.3f}; " + (
               "sampled: outputs not compared" if not compared else
@@ -145,6 +146,9 @@ def main() -> int:
     parser.add_argument("--trace", type=Path, help="a folder to write the first repetition's rounds to (greedy)")
     parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--pinned", type=int, default=MAX_K, choices=range(1, MAX_K + 1), metavar=f"1..{MAX_K}",
+                        help=f"pin lengths 1..this only (default {MAX_K}, and {LONGEST} beside): a long context's "
+                        "rung where every length past the first loses, in a third of the time")
     args = parser.parse_args()
     sampling = {"temperature": args.temp, "top_p": args.top_p, "seed": 0} if args.temp else {}
     if sampling and args.trace:
@@ -160,7 +164,8 @@ def main() -> int:
     engine = mlx_spec.load(str(target_dir), **drafter)
     adaptive_max = engine.max_draft_len  # the adaptive policy's bound as users run it
     engine.tokenizer.eos_token_ids = []  # every contender makes exactly n tokens
-    contenders = {"plain": 0, **{f"k={k}": k for k in range(1, MAX_K + 1)}, f"k={LONGEST}": LONGEST,
+    contenders = {"plain": 0, **{f"k={k}": k for k in range(1, args.pinned + 1)},
+                  **({f"k={LONGEST}": LONGEST} if args.pinned == MAX_K else {}),
                   "adaptive, first run": None, "adaptive": None}
     kind = drafter.get("drafter") or ("draft" if "draft_model" in drafter else "mtp")
     what = {"draft": f"draft model {Path(drafter.get('draft_model', '')).name}",
@@ -179,7 +184,7 @@ def main() -> int:
                                                                  args.tokens, args.reps, sampling, compared, learnt)
             if rung:
                 print(f"\ncontext of {traces[0]['prompt_tokens']} tokens:")
-            report(speeds, same, compared, bool(sampling))
+            report(speeds, same, compared, bool(sampling), args.pinned)
             spreads.append(plain_spread)
             traced += traces
             all_same = all_same and same
