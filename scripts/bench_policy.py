@@ -9,18 +9,17 @@ rounds that tests/test_policy_traces.py replays (tests/traces/).
 
 For one target and drafter (PAIRS; float32 from scripts/real_models.py; mtp-smollm2: the MTP head that
 scripts/train_compare.py trains), greedy or sampled (--temp, --top-p: n-gram's single-token drafts still give plain
-decoding's very tokens for the seed, which is checked; a drafter that samples its drafts gives other samples, so
-none is checked; no trace), every contender interleaved in one process after an untimed pass: plain decoding, the
-drafter pinned at k = 1..8 and 12 (--pinned: fewer), the adaptive policy as a first run on this machine
-("adaptive, first run": nothing learnt) and as later runs ("adaptive": starting from the profile the earlier adaptive runs kept, as each
-command does from ~/.cache/mlx-spec/policy; here kept in memory, nothing written). Prints each contender's median
-decode tok/s and its ratio to plain decoding, the adaptive runs against the best pinned length chosen in hindsight,
-whether every output equals plain decoding's, and the machine's load. --context: the same at each length of a long
-context (the start of a real source file, a question at the end), where verifying costs and acceptance change with
-depth. With --trace, writes <pair>.json there (a ladder: <pair>-context.json, one prompt a rung): the prompt's and
-the answer's tokens, and each round's draft length, accepted drafts and cost in plain steps (seconds from one
-round's end to the next, as the engine times them, over the median plain step of the same prompt) of the first
-repetition.
+decoding's very tokens for the seed, which is checked; a drafter that samples its drafts gives other samples, so none is
+checked; no trace), every contender interleaved in one process after an untimed pass: plain decoding, the drafter pinned
+at k = 1..8 and 12 (--pinned: fewer), the adaptive policy as a first run on this machine ("adaptive, first run": nothing
+learnt) and as later runs ("adaptive": starting from the profile the earlier adaptive runs kept, as each command does
+from ~/.cache/mlx-spec/policy; here kept in memory, nothing written). Prints each contender's median decode tok/s and
+its ratio to plain decoding, the adaptive runs against the best pinned length chosen in hindsight, whether every output
+equals plain decoding's, and the machine's load. --context: the same at each length of a long context (the start of a
+real source file, a question at the end), where verifying costs and acceptance change with depth. With --trace, writes
+<pair>.json there (a ladder: <pair>-context.json, one prompt a rung): the prompt's and the answer's tokens, and each
+round's draft length, accepted drafts and cost in plain steps (seconds from one round's end to the next, as the engine
+times them, over the median plain step of the same prompt) of the first repetition.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from mlx_spec.policy import AdaptiveDraftLength
 from mlx_spec.sampling import SamplingParams
 
 TRACES = sorted((Path(__file__).parent / "traces").glob("*.json"))
-PINNED = range(1, 9)
+PINNED = range(1, 9)  # the lengths the best pinned is chosen from, those of them a trace recorded (`--pinned`)
 
 
 def answer_positions(generations: dict[str, list], tokens: int) -> tuple[list[int], list[int]]:
@@ -52,6 +52,7 @@ class Replay:
     def __init__(self, prompt: dict, tokens: int, drafter: str):
         self.runs, self.offered = answer_positions(prompt["rounds"], tokens)
         self.depth = prompt["prompt_tokens"]
+        self.pinned = {int(name[2:]) for name in prompt["rounds"] if name.startswith("k=")}.intersection(PINNED)
         self.text = (prompt["prompt"], prompt["answer"]) if drafter == "ngram" and "answer" in prompt else None
         self.costs: dict[int | str, list[float]] = {}
         for name, rounds in prompt["rounds"].items():
@@ -119,6 +120,12 @@ def overall(speeds: list[float]) -> float:
     return len(speeds) / sum(1 / speed for speed in speeds)
 
 
+def pinned_speeds(answers: list[Replay]) -> dict[int, float]:
+    """Each length recorded pinned for every answer: its overall speed."""
+    return {k: overall([replay.speed(Pinned(k)) for replay in answers])
+            for k in sorted(set.intersection(*(replay.pinned for replay in answers)))}
+
+
 def commands(replays: list[Replay], max_len: int, profile: dict | None,
              estimates: bool = True) -> tuple[float, dict | None]:
     """Each answer as a command of its own, starting from the profile the one before kept (an n-gram drafter's
@@ -142,7 +149,7 @@ def test_adaptive_nears_the_best_pinned_length_once_it_has_a_profile(path):
     trace recorded at 0b18e4a), and
     >= 0.97 of plain decoding."""
     max_len, answers = replays(path)
-    pinned = {k: overall([replay.speed(Pinned(k)) for replay in answers]) for k in PINNED}
+    pinned = pinned_speeds(answers)
     plain = overall([replay.speed(Pinned(0)) for replay in answers])
     _, profile = commands(answers, max_len, None)
     adaptive, _ = commands(answers, max_len, profile)
@@ -156,7 +163,7 @@ def test_a_first_generation_finds_its_length_at_a_bounded_cost(path):
     model 0.90 and 0.91; before the optimism past the first draft position, 0.85 and 0.88; the profile is what
     closes the gap)."""
     max_len, answers = replays(path)
-    pinned = {k: overall([replay.speed(Pinned(k)) for replay in answers]) for k in PINNED}
+    pinned = pinned_speeds(answers)
     plain = overall([replay.speed(Pinned(0)) for replay in answers])
     cold = overall([replay.speed(AdaptiveDraftLength(max_len)) for replay in answers])
     assert cold >= 0.88 * max(pinned.values()) and cold >= 0.97 * plain, (cold, plain, pinned)
@@ -170,7 +177,7 @@ def test_the_ngram_outlook_nears_the_best_pinned_length_from_what_earlier_comman
     in the profile are worth it (started from the prior instead, each command: the 1.5B 0.92, Gemma 3 0.94). A
     first run on a machine, from nothing at all, >= 0.92."""
     max_len, answers = replays(path)
-    best = max(overall([replay.speed(Pinned(k)) for replay in answers]) for k in PINNED)
+    best = max(pinned_speeds(answers).values())
     _, profile = commands(answers, max_len, None)
     warm, _ = commands(answers, max_len, profile)
     forgetful, _ = commands(answers, max_len, profile, estimates=False)
