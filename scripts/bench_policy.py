@@ -8,10 +8,12 @@ rounds that tests/test_policy_traces.py replays (tests/traces/).
     python scripts/bench_policy.py ngram-0.5b --context 16384 --tokens 128 --reps 1 --pinned 2
 
 For one target and drafter (PAIRS; float32 from scripts/real_models.py; mtp-smollm2: the MTP head that
-scripts/train_compare.py trains), greedy or sampled (--temp, --top-p: n-gram's single-token drafts still give plain
-decoding's very tokens for the seed, which is checked; a drafter that samples its drafts gives other samples, so none is
-checked; no trace), every contender interleaved in one process after an untimed pass: plain decoding, the drafter pinned
-at k = 1..8 and 12 (--pinned: fewer), the adaptive policy as a first run on this machine ("adaptive, first run": nothing
+scripts/train_compare.py trains), greedy or sampled (--temp, --top-p; each repetition its own seed: n-gram's
+single-token drafts still give plain decoding's very tokens for the seed, which is checked; a drafter that samples
+its drafts gives other samples, so none is checked, no trace is kept, and since each contender is timed on answers of
+its own, each pinned length's speed is also predicted from every contender's rounds together), every contender
+interleaved in one process after an untimed pass: plain decoding, the drafter pinned at k = 1..8 and 12 (--pinned:
+fewer), the adaptive policy as a first run on this machine ("adaptive, first run": nothing
 learnt) and as later runs ("adaptive": starting from the profile the earlier adaptive runs kept, as each command does
 from ~/.cache/mlx-spec/policy; here kept in memory, nothing written). Prints each contender's median decode tok/s and
 its ratio to plain decoding, the adaptive runs against the best pinned length chosen in hindsight, whether every output
@@ -40,6 +42,7 @@ import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import Neighbours, spread  # noqa: E402
 from mlx_spec.events import Round, Token  # noqa: E402
+from mlx_spec.policy import UNTIMED_ROUNDS  # noqa: E402
 
 PAIRS = {  # name: (target, drafter keyword arguments of mlx_spec.load)
     "draft-1.5b": ("qwen2.5-coder-1.5b", {"draft_model": "qwen2.5-coder-0.5b"}),
@@ -93,29 +96,55 @@ def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: in
     """Every contender on every chat, interleaved after an untimed pass: tok/s by contender, whether every output
     equals plain decoding's, the worst spread of plain runs, the first repetition's rounds, and the profile the
     "adaptive" runs kept (what the next starts from)."""
-    speeds, plain_spread, same, traces = {}, [], True, []
+    speeds, plain_spread, same, traces, pooled = {}, [], True, [], []
     for p, chat in enumerate(chats):
         ids = mlx_spec.render_prompt(engine.tokenizer, chat)
-        first, outputs, plain_runs = {}, {}, []
+        first, outputs, plain_runs, runs = {}, {}, [], []
         for rep in range(-1 if p == 0 else 0, reps):  # first an untimed pass: compilation, first touches
+            seeded = {**sampling, "seed": max(rep, 0)} if sampling else sampling  # sampled: a seed a repetition
             for name, k in contenders.items():
                 engine.max_draft_len = adaptive_max if k is None else LONGEST
                 engine.learnt = None if name == "adaptive, first run" else learnt
                 engine.pin(k)  # a fresh policy for each generation, as each command gets
-                run, tps, outputs[name] = rounds(engine, ids, tokens, sampling)
+                run, tps, outputs[name] = rounds(engine, ids, tokens, seeded)
                 if name == "adaptive":
                     learnt = engine.learnt  # what the next command starts from
                 if rep >= 0:
                     speeds.setdefault(name, []).append(tps)
                     first.setdefault(name, run)
                     plain_runs += [tps] if k == 0 else []
+                    runs.append(run)
             same = same and (not compared or all(t == outputs["plain"] for t in outputs.values()))
         plain_spread.append(spread(plain_runs))
-        plain_step = statistics.median(seconds for _, _, seconds in first["plain"][3:])
+        plain_step = statistics.median(seconds for _, _, seconds in first["plain"][UNTIMED_ROUNDS:])
         traces.append({"prompt_tokens": len(ids), "prompt": ids, "answer": outputs["plain"],
                        "rounds": {name: [[k, a, round(s / plain_step, 3)] for k, a, s in r]
                                   for name, r in first.items()}})
-    return speeds, same, max(plain_spread), traces, learnt
+        pooled += [(k, a, s / plain_step, i >= UNTIMED_ROUNDS) for run in runs for i, (k, a, s) in enumerate(run)]
+    return speeds, same, max(plain_spread), traces, learnt, pooled
+
+
+def model(pooled: list[tuple], max_k: int) -> str:
+    """Each pinned length's speed against plain decoding as every contender's rounds together predict it, free of
+    which answers each contender happened to sample: tokens a round (by the acceptance at each draft position,
+    from every round that judged it) over its median cost in plain steps (from every timed round of that length)."""
+    judged, passed = [0] * LONGEST, [0] * LONGEST
+    costs: dict[int, list[float]] = {}
+    for k, accepted, cost, timed in pooled:
+        for j in range(min(k, accepted + 1)):
+            judged[j] += 1
+            passed[j] += j < accepted
+        if timed:
+            costs.setdefault(k, []).append(cost)
+    acceptance = [passed[j] / judged[j] if judged[j] else 0.0 for j in range(LONGEST)]
+    plain, expected, chance, speeds = statistics.median(costs[0]), 1.0, 1.0, []
+    for k in range(1, max_k + 1):
+        chance *= acceptance[k - 1]
+        expected += chance
+        if costs.get(k):
+            speeds.append(f"k={k} {expected * plain / statistics.median(costs[k]):.2f}x")
+    return ("acceptance by draft position over every round: " + " ".join(f"{a:.0%}" for a in acceptance[:max_k])
+            + "\npinned lengths as those rounds predict them: " + ", ".join(speeds))
 
 
 def report(speeds: dict, same: bool, compared: bool, sampled: bool, max_k: int) -> None:
@@ -179,11 +208,13 @@ def main() -> int:
     with Neighbours() as neighbours:
         for rung in rungs or [None]:
             chats = [long_context(engine.tokenizer, rung)] if rung else PROMPTS[: args.prompts]
-            speeds, same, plain_spread, traces, learnt = measure(engine, chats, contenders, adaptive_max,
-                                                                 args.tokens, args.reps, sampling, compared, learnt)
+            speeds, same, plain_spread, traces, learnt, pooled = measure(
+                engine, chats, contenders, adaptive_max, args.tokens, args.reps, sampling, compared, learnt)
             if rung:
                 print(f"\ncontext of {traces[0]['prompt_tokens']} tokens:")
             report(speeds, same, compared, bool(sampling), args.pinned)
+            if not compared:
+                print(model(pooled, args.pinned))
             spreads.append(plain_spread)
             traced += traces
             all_same = all_same and same
