@@ -94,8 +94,9 @@ def long_context(tokenizer, tokens: int) -> list[dict]:
 def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: int, reps: int, sampling: dict,
             compared: bool, learnt=None):
     """Every contender on every chat, interleaved after an untimed pass: tok/s by contender, whether every output
-    equals plain decoding's, the worst spread of plain runs, the first repetition's rounds, and the profile the
-    "adaptive" runs kept (what the next starts from)."""
+    equals plain decoding's, the worst spread of plain runs, the first repetition's rounds, the profile the
+    "adaptive" runs kept (what the next starts from), and every timed run's rounds as (draft length, accepted, cost
+    in plain steps, whether the engine times it) for `model`."""
     speeds, plain_spread, same, traces, pooled = {}, [], True, [], []
     for p, chat in enumerate(chats):
         ids = mlx_spec.render_prompt(engine.tokenizer, chat)
