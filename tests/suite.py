@@ -5,6 +5,9 @@ file's hash and the hash of every checkpoint it was trained on, so a fixture nev
 
     python tests/suite.py               # retrain the fixtures into tests/fixtures/ and rewrite the manifest
     python -m pytest -m fixtures        # retrain them in a temporary folder and check they come out the same
+
+The manifest also records what each recipe makes in its first FIRST_STEPS steps, which every test run retrains
+(tests/test_fixtures.py): a recipe that drifts from what it shipped fails the suite, not only `-m fixtures`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import platform
 import shutil
 import subprocess
+import tempfile
 import time
 from datetime import datetime, timezone
 from importlib.metadata import version
@@ -23,47 +27,67 @@ from typing import Callable, NamedTuple
 
 os.environ.setdefault("MLX_SPEC_BLAS", "bundled")  # as the tests run (conftest.py): trained on MLX's own BLAS
 import mlx_spec  # noqa: E402, F401  before anything imports mlx
-from tiny import HEAD_TEXTS, build_checkpoint, build_layer_skip_draft, build_tokenizer, with_context
+from tiny import HEAD_TEXTS, PROMPT, QWEN3_5_FAMILIES, build_checkpoint, build_layer_skip_draft, build_tokenizer, \
+    with_context
 from tiny_block import train_block_drafter
 from tiny_gemma4 import build_gemma4_assistant, build_gemma4_target, distill_gemma4_assistant
 from tiny_heads import build_eagle3, build_medusa, build_mtp_head
+from tiny_mtp import with_fitted_mtp
 from tiny_nextn import NEXTN_FAMILIES, build_nextn_checkpoint, train_nextn, with_trained_nextn
 from tiny_tools import build_tool_base, build_tool_tokenizer, train_tool_model
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MANIFEST = FIXTURES / "manifest.json"
 REBUILD = "python tests/suite.py"
+FITTED_MTP = {PROMPT: 100, HEAD_TEXTS[1]: 16}  # what the hybrids' fitted MTP layers draft: text -> tokens
+FIRST_STEPS = 3  # not 1: Adam's first step moves each weight by its learning rate, whatever the gradient's size
+PACKAGES = ("mlx", "mlx-lm", "numpy", "tokenizers")  # what the fixtures' bytes depend on beyond this repository
+
+
+class Tokenizer(NamedTuple):
+    """A shipped tokenizer: `build(out_dir)` writes it."""
+
+    name: str
+    build: Callable[[Path], object]
 
 
 class Fixture(NamedTuple):
-    """A shipped folder: `train(out_dir, paths)` writes it from the checkpoints named in `bases`."""
+    """A trained folder: `train(out_dir, paths, steps)` writes it from the checkpoints named in `bases`, trained
+    for `steps` optimizer steps (the recipe's `steps`, or its first FIRST_STEPS)."""
 
     name: str
     bases: tuple[str, ...]
-    train: Callable[[Path, dict], object]
+    steps: int
+    train: Callable[[Path, dict, int], object]
 
 
 TOKENIZERS = [
-    Fixture("tokenizer", (), lambda out, paths: build_tokenizer(out)),
-    Fixture("tokenizer-other", (), lambda out, paths: build_tokenizer(out, vocab_size=480,
-                                                                      special_tokens=["</s>", "<s>", "<unk>"])),
+    Tokenizer("tokenizer", lambda out: build_tokenizer(out)),
+    Tokenizer("tokenizer-other",
+              lambda out: build_tokenizer(out, vocab_size=480, special_tokens=["</s>", "<s>", "<unk>"])),
 ]
 TRAINED = [
-    Fixture("gemma4-assistant-trained", ("gemma4-assistant-dense", "gemma4"),
-            lambda out, paths: distill_gemma4_assistant(out, paths["gemma4-assistant-dense"], paths["gemma4"])),
-    Fixture("qwen3-medusa", ("qwen3",), lambda out, paths: build_medusa(out, paths["qwen3"], HEAD_TEXTS)),
-    Fixture("qwen3-eagle3", ("qwen3",),
-            lambda out, paths: build_eagle3(out, paths["qwen3"], HEAD_TEXTS, feature_layers=[0, 2, 3])),
-    Fixture("llama-eagle3", ("llama",), lambda out, paths: build_eagle3(out, paths["llama"], HEAD_TEXTS)),
-    Fixture("qwen3-mtp-head", ("qwen3",), lambda out, paths: build_mtp_head(out, paths["qwen3"], HEAD_TEXTS)),
-    Fixture("qwen3-dflash", ("qwen3",), lambda out, paths: train_block_drafter(
-        out, paths["qwen3"], HEAD_TEXTS, layer_types=["sliding_attention", "full_attention"], sliding_window=9)),
-    Fixture("qwen3_5-dspark", ("qwen3_5",), lambda out, paths: train_block_drafter(
-        out, paths["qwen3_5"], HEAD_TEXTS, kind="dspark")),
-    Fixture("qwen3-tools", ("qwen3-tools-base",), lambda out, paths: train_tool_model(out, paths["qwen3-tools-base"])),
-    *[Fixture(f"{family}-nextn", (family,), lambda out, paths, family=family: train_nextn(out, paths[family],
-                                                                                           HEAD_TEXTS))
-      for family in NEXTN_FAMILIES],
+    Fixture("gemma4-assistant-trained", ("gemma4-assistant-dense", "gemma4"), 150,
+            lambda out, paths, steps: distill_gemma4_assistant(out, paths["gemma4-assistant-dense"], paths["gemma4"],
+                                                               steps=steps)),
+    Fixture("qwen3-medusa", ("qwen3",), 80,
+            lambda out, paths, steps: build_medusa(out, paths["qwen3"], HEAD_TEXTS, steps=steps)),
+    Fixture("qwen3-eagle3", ("qwen3",), 120, lambda out, paths, steps: build_eagle3(
+        out, paths["qwen3"], HEAD_TEXTS, feature_layers=[0, 2, 3], steps=steps)),
+    Fixture("llama-eagle3", ("llama",), 120,
+            lambda out, paths, steps: build_eagle3(out, paths["llama"], HEAD_TEXTS, steps=steps)),
+    Fixture("qwen3-mtp-head", ("qwen3",), 80,
+            lambda out, paths, steps: build_mtp_head(out, paths["qwen3"], HEAD_TEXTS, steps=steps)),
+    Fixture("qwen3-dflash", ("qwen3",), 150, lambda out, paths, steps: train_block_drafter(
+        out, paths["qwen3"], HEAD_TEXTS, steps=steps, layer_types=["sliding_attention", "full_attention"],
+        sliding_window=9)),
+    Fixture("qwen3_5-dspark", ("qwen3_5",), 150, lambda out, paths, steps: train_block_drafter(
+        out, paths["qwen3_5"], HEAD_TEXTS, steps=steps, kind="dspark")),
+    # its answers are checked once it has trained its course, not after its first steps
+    Fixture("qwen3-tools", ("qwen3-tools-base",), 400, lambda out, paths, steps: train_tool_model(
+        out, paths["qwen3-tools-base"], steps=steps, check=steps > FIRST_STEPS)),
+    *[Fixture(f"{family}-nextn", (family,), 150, lambda out, paths, steps, family=family: train_nextn(
+        out, paths[family], HEAD_TEXTS, steps=steps)) for family in NEXTN_FAMILIES],
 ]
 
 
@@ -86,6 +110,9 @@ def build_bases(root: Path, tokenizers: dict[str, Path], progress: Callable[[str
         "qwen3_5": lambda out: build_checkpoint(out, "qwen3_5", tok, layers=8, seed=7),
         "qwen3_5_moe": lambda out: build_checkpoint(out, "qwen3_5_moe", tok, layers=4, seed=6),
         "qwen3_next": lambda out: build_checkpoint(out, "qwen3_next", tok, layers=4, seed=7),
+        # the same hybrids, their MTP layer fitted to draft their continuations of two texts right part of the time
+        **{f"{family}-fitted-mtp": lambda out, family=family: with_fitted_mtp(out, paths[family], FITTED_MTP)
+           for family in QWEN3_5_FAMILIES},
         "gemma4": lambda out: build_gemma4_target(out, tok, sliding_window=16),
         "gemma4-assistant": lambda out: build_gemma4_assistant(out, paths["gemma4"]),
         "gemma4-assistant-dense": lambda out: build_gemma4_assistant(out, paths["gemma4"], ordered=False),
@@ -135,34 +162,54 @@ def build_suite(root: str | Path, progress: Callable[[str], None] = lambda line:
     return paths
 
 
-def train_fixtures(out: Path, progress: Callable[[str], None] = print) -> dict:
-    """Train every fixture into `out` (one folder each); returns their manifest entries."""
+def train_fixtures(out: Path, progress: Callable[[str], None] = print, first_steps: bool = False) -> dict:
+    """Train every fixture into `out` (one folder each), in full or for its FIRST_STEPS only (the tokenizers in
+    full either way); returns their manifest entries, the digest of a first-steps folder as `first_steps`."""
     entries = {}
-    for fixture in TOKENIZERS:
-        fixture.train(out / fixture.name, {})
-        entries[fixture.name] = {"bases": {}, "digest": digest(out / fixture.name)}
+    for tokenizer in TOKENIZERS:
+        tokenizer.build(out / tokenizer.name)
+        entries[tokenizer.name] = {"bases": {}, "digest": digest(out / tokenizer.name)}
     scratch = out / ".bases"
     paths = build_bases(scratch, {name: out / name for name in ("tokenizer", "tokenizer-other")}, progress)
     for fixture in TRAINED:
         start = time.perf_counter()
-        fixture.train(out / fixture.name, paths)
+        fixture.train(out / fixture.name, paths, FIRST_STEPS if first_steps else fixture.steps)
         entries[fixture.name] = {"bases": {base: digest(paths[base]) for base in fixture.bases},
-                                 "digest": digest(out / fixture.name)}
+                                 "steps": fixture.steps,
+                                 "first_steps" if first_steps else "digest": digest(out / fixture.name)}
         progress(f"trained {fixture.name} in {time.perf_counter() - start:.0f} s")
     shutil.rmtree(scratch)
     return entries
+
+
+def differing(rebuilt: dict, shipped: dict) -> list[str]:
+    """The fixtures on one side only, or whose rebuilt manifest entry disagrees with the shipped one on a field."""
+    def agrees(name: str) -> bool:
+        return name in rebuilt and name in shipped and all(shipped[name].get(key) == value
+                                                           for key, value in rebuilt[name].items())
+    return sorted(name for name in shipped.keys() | rebuilt.keys() if not agrees(name))
+
+
+def packages_since(built: dict) -> str:
+    """The packages installed in other versions than the fixtures were built with, said as `name a -> b`."""
+    return ", ".join(f"{package} {built.get(package)} -> {version(package)}" for package in PACKAGES
+                     if built.get(package) != version(package))
 
 
 def main() -> None:
     staging = FIXTURES.with_name("fixtures.new")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
+    with tempfile.TemporaryDirectory() as scratch:
+        first_steps = train_fixtures(Path(scratch), first_steps=True)
     entries = train_fixtures(staging)
+    for name, entry in first_steps.items():
+        entries[name].update(entry)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=FIXTURES.parent).stdout.strip()
     built = {"command": REBUILD, "commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
              "python": platform.python_version(), "machine": platform.machine(),
-             **{package: version(package) for package in ("mlx", "mlx-lm", "numpy", "tokenizers")}}
+             **{package: version(package) for package in PACKAGES}}
     (staging / "manifest.json").write_text(json.dumps({"built": built, "fixtures": entries}, indent=2) + "\n")
     shutil.rmtree(FIXTURES, ignore_errors=True)
     staging.rename(FIXTURES)
