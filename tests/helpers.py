@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import mlx.core as mx
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.utils import load
 from safetensors.numpy import load_file, save_file
@@ -22,6 +22,7 @@ from safetensors.numpy import load_file, save_file
 from mlx_spec.drafters import Draft
 from mlx_spec.batch_policy import BatchDraftLength
 from mlx_spec.policy import AdaptiveDraftLength, FixedDraftLength
+from mlx_spec.verify import position_keys
 from tiny import PROMPT  # noqa: F401  the tests' prompt (the Medusa test heads are trained on it)
 
 
@@ -32,17 +33,26 @@ def loaded(path: str):
     return load(path)
 
 
-def plain_greedy(path, prompt_ids, max_tokens, repetition_penalty=1.0, kv_bits=None):
+def penalty_processors(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, penalty_window=64):
+    """mlx-lm's own logits processors for mlx-spec's penalties, each over the last `penalty_window` tokens."""
+    return make_logits_processors(
+        repetition_penalty=repetition_penalty if repetition_penalty != 1.0 else None,
+        repetition_context_size=penalty_window, presence_penalty=presence_penalty or None,
+        presence_context_size=penalty_window, frequency_penalty=frequency_penalty or None,
+        frequency_context_size=penalty_window)
+
+
+def plain_greedy(path, prompt_ids, max_tokens, repetition_penalty=1.0, kv_bits=None, **penalties):
     """mlx-lm's own plain greedy decoding, up to and including the first end-of-sequence token: the reference
-    output of the target alone."""
+    output of the target alone. `penalties`: presence_penalty, frequency_penalty, penalty_window, through
+    mlx-lm's logits processors as `repetition_penalty` is."""
     model, tokenizer = loaded(str(path))
-    processors = (make_logits_processors(repetition_penalty=repetition_penalty, repetition_context_size=64)
-                  if repetition_penalty != 1.0 else None)
-    if kv_bits:  # quantized from the first prompt token (mlx-lm's generate_step keeps the prompt unquantized)
-        cache = [QuantizedKVCache(group_size=32, bits=kv_bits) for _ in model.layers]
-    else:
-        cache = make_prompt_cache(model)
-    steps = generate_step(mx.array(prompt_ids), model, max_tokens=max_tokens, logits_processors=processors,
+    processors = penalty_processors(repetition_penalty, **penalties)
+    cache = make_prompt_cache(model)
+    if kv_bits:  # full-attention layers quantized from the first prompt token (mlx-lm's generate_step keeps the
+        # prompt unquantized); sliding-window and recurrent layers as they are
+        cache = [QuantizedKVCache(group_size=32, bits=kv_bits) if type(c) is KVCache else c for c in cache]
+    steps = generate_step(mx.array(prompt_ids), model, max_tokens=max_tokens, logits_processors=processors or None,
                           prompt_cache=cache)
     tokens = []
     for token, _ in steps:
@@ -50,6 +60,77 @@ def plain_greedy(path, prompt_ids, max_tokens, repetition_penalty=1.0, kv_bits=N
         if tokens[-1] in tokenizer.eos_token_ids:
             break
     return tokens
+
+
+def numpy_distribution(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
+    """Temperature, then top-k, then top-p over what top-k kept, then min-p (the transformers order)."""
+    probs = np.exp((logits - logits.max()) / temperature)
+    probs /= probs.sum()
+    order = np.argsort(-probs)
+    if top_k:
+        probs[order[top_k:]] = 0
+        probs /= probs.sum()
+    if top_p < 1.0:
+        cumulative = np.cumsum(probs[order])
+        probs[order[np.searchsorted(cumulative, top_p) + 1:]] = 0
+    if min_p:
+        probs[probs < min_p * probs.max()] = 0
+    return probs / probs.sum()
+
+
+def plain_sampled(path, prompt: list[int], max_tokens: int, temperature: float, top_p: float = 1.0, seed: int = 0,
+                  top_k: int = 0, min_p: float = 0.0, **penalties) -> list[int]:
+    """mlx-lm's model decoding alone, its logits through mlx-lm's own penalty processors (`penalty_processors`),
+    each token drawn from its NumPy distribution by the documented rule: the Gumbel-max draw with the key of its
+    position in the sequence (`position_keys`), up to the first end token."""
+    model, tokenizer = loaded(str(path))
+    processors, history = penalty_processors(**penalties), mx.array(prompt)
+    cache, tokens = make_prompt_cache(model), []
+    logits = model(mx.array([prompt]), cache=cache)[:, -1]
+    for position in range(len(prompt), len(prompt) + max_tokens):
+        for processor in processors:
+            logits = processor(history, logits)
+        p = numpy_distribution(np.array(logits[0], dtype=np.float64), temperature, top_k, top_p, min_p)
+        noise = np.array(mx.random.gumbel((p.size,), key=position_keys(mx.random.key(seed), position, 1)[0]))
+        with np.errstate(divide="ignore"):
+            tokens.append(int(np.argmax(np.log(p) + noise)))
+        if tokens[-1] in tokenizer.eos_token_ids:
+            break
+        history = mx.concatenate([history, mx.array(tokens[-1:])])
+        logits = model(mx.array([tokens[-1:]]), cache=cache)[:, -1]
+    return tokens
+
+
+def plain_decoded(path, prompt: list[int], max_tokens: int, seed: int = 0, temperature: float = 0.0,
+                  **fields) -> list[int]:
+    """The target alone under a request's sampling fields (mlx-spec's names): `plain_greedy` at temperature 0,
+    else `plain_sampled` with `seed`."""
+    if temperature == 0:
+        assert not {"top_k", "top_p", "min_p"} & set(fields), "top-k, top-p and min-p need a temperature"
+        return plain_greedy(path, prompt, max_tokens, **fields)
+    return plain_sampled(path, prompt, max_tokens, temperature, seed=seed, **fields)
+
+
+def plain_text(path, prompt: list[int], max_tokens: int, **fields) -> str:
+    """`plain_decoded`'s answer as mlx-lm writes it (`mlx_lm_text`), without its end token."""
+    tokenizer = loaded(str(path))[1]
+    tokens = plain_decoded(path, prompt, max_tokens, **fields)
+    return mlx_lm_text(tokenizer, tokens[:-1] if tokens[-1] in tokenizer.eos_token_ids else tokens)
+
+
+def mlx_lm_text(tokenizer, tokens: list[int]) -> str:
+    """`tokens` as mlx-lm's own streaming detokenizer writes them."""
+    detokenizer = tokenizer.detokenizer
+    detokenizer.reset()
+    for token in tokens:
+        detokenizer.add_token(token)
+    detokenizer.finalize()
+    return detokenizer.text
+
+
+def chat_ids(path, messages: list[dict]) -> list[int]:
+    """A chat as the model reads it, through its tokenizer's own chat template (as mlx-lm applies it)."""
+    return loaded(str(path))[1].apply_chat_template(messages, add_generation_prompt=True)
 
 
 class CorruptedOracleDrafter:

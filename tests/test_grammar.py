@@ -11,11 +11,11 @@ import llguidance.numpy
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
+from helpers import PROMPT, assert_one_line_error, numpy_distribution, plain_greedy, run_cli
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load
 from scipy.stats import chisquare
-from test_sampling import numpy_distribution, prompt_where_drafts_pass
+from test_sampling import prompt_where_drafts_pass
 
 import mlx_spec
 from mlx_spec.batched import Job

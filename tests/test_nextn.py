@@ -117,7 +117,7 @@ def test_a_quantized_conversion_drafts_exactly(tiny, tmp_path):
     engine = mlx_spec.load(str(out), draft_len=2)
     ids = engine.encode(HEAD_TEXTS[0])
     result = engine.generate(ids, max_tokens=40)
-    assert result.tokens == plain_greedy(out, ids, 40) and result.stats.accepted > 0
+    assert result.tokens == plain_greedy(out, ids, 40) and 0 < result.stats.accepted < result.stats.drafted
 
 
 def test_unsupported_nextn_variants_are_refused(tiny, tmp_path):

@@ -7,7 +7,7 @@ import httpx
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import KEY, PROMPT, plain_greedy, start_server
+from helpers import KEY, PROMPT, chat_ids, loaded, mlx_lm_text, plain_greedy, start_server
 from test_server import client
 
 import mlx_spec
@@ -45,7 +45,7 @@ def next_draft(engine, context: list[int]):
     ("qwen3", {"draft_model": "qwen3-draft"}),  # full KV, cut back
     ("qwen3", {"draft_model": "qwen3-draft", "kv_bits": 4, "kv_group_size": 32}),  # quantized KV
     ("gemma3", {"draft_model": "gemma3-draft"}),  # sliding window
-    ("qwen3_5", {"drafter": "mtp"}),  # Gated DeltaNet, restored at the prompt's end
+    ("qwen3_5-fitted-mtp", {"drafter": "mtp"}),  # Gated DeltaNet, restored at the prompt's end
     ("qwen3", {"draft_model": "qwen3-dflash"}),  # a block drafter's context
     ("llama", {"draft_model": "llama-eagle3"}),  # an EAGLE-3 head's rows
     ("qwen3", {"drafter": "ngram"}),
@@ -129,15 +129,34 @@ def chat_turns(url: str, model: str, order: list[int]) -> list[dict]:
         reply = api.chat.completions.create(model=model, messages=chat, max_tokens=12)
         text, usage = reply.choices[0].message.content, reply.usage
         turns.append({"text": text, "prompt": usage.prompt_tokens, "cached": usage.prompt_tokens_details.cached_tokens,
-                      "batch_size": usage.model_dump()["batch_size"]})
+                      "batch_size": usage.model_dump()["batch_size"], "chat": chat})
         chats[i] = chat + [{"role": "assistant", "content": text}, {"role": "user", "content": "and then?"}]
     return turns
 
 
+def plain_answers(model: str, chats: list[list[dict]], max_tokens: int) -> list[str]:
+    """Each chat's answer by mlx-lm's plain greedy decoding, its prompt as a server encodes a chat's next turn: the
+    tokens its last turn ran as (prompt and answer, without the end token), then the tokens of what the chat
+    template adds (text re-encoded may split otherwise); a chat's first turn through the template alone."""
+    tokenizer, ran, answers = loaded(model)[1], {}, []  # ran: a chat's opening -> (its text so far, its tokens)
+    for chat in chats:
+        rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        said, tokens = ran.get(chat[0]["content"], ("", []))
+        assert rendered.startswith(said)
+        ids = tokens + tokenizer.encode(rendered[len(said):], add_special_tokens=False) if tokens \
+            else chat_ids(model, chat)
+        answer = plain_greedy(model, ids, max_tokens)
+        answer = answer[:-1] if answer[-1] in tokenizer.eos_token_ids else answer
+        answers.append(mlx_lm_text(tokenizer, answer))
+        ran[chat[0]["content"]] = (rendered + answers[-1], ids + answer)
+    return answers
+
+
 def test_a_server_serves_alternating_chats_from_its_prompt_cache_within_budget(tiny):
     """Eight chats, then their next turns newest first, against a server whose budget holds a few (its default
-    batch size: each request a batch row) and one without a prompt cache: the same answers; the newest chats'
-    turns run only their new messages, the oldest (dropped) all again; the stored sequences within the budget."""
+    batch size: each request a batch row) and one without a prompt cache: both answer as mlx-lm's plain decoding
+    of each chat; the newest chats' turns run only their new messages, the oldest (dropped) all again; the stored
+    sequences within the budget."""
     model, budget, order = str(tiny["qwen3-long"]), 600_000, [*range(8), *reversed(range(8))]
     cached_proc, cached_url = start_server(tiny, "--prompt-cache-gb", str(budget / 1e9))
     plain_proc, plain_url = start_server(tiny, "--prompt-cache-gb", "0")
@@ -148,7 +167,8 @@ def test_a_server_serves_alternating_chats_from_its_prompt_cache_within_budget(t
         for proc in (cached_proc, plain_proc):
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
-    assert [turn["text"] for turn in cached] == [turn["text"] for turn in plain]
+    expected = plain_answers(model, [turn["chat"] for turn in cached], 12)
+    assert [turn["text"] for turn in cached] == expected and [turn["text"] for turn in plain] == expected
     assert all(turn["cached"] == 0 for turn in plain[8:]) and {turn["batch_size"] for turn in cached} == {1}
     before = {i: turn for i, turn in zip(order, cached[:8])}  # each chat's first turn
     again = [(turn["cached"], before[i]) for i, turn in zip(order[8:], cached[8:])]

@@ -80,12 +80,15 @@ def target_hidden(engine, tokens):
 @pytest.mark.parametrize("draft_len", [1, 2, 4])
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
 def test_mtp_greedy_equals_plain_decoding(tiny, draft_len, penalty):
-    engine = mlx_spec.load(str(tiny["qwen3_5"]), draft_len=draft_len)
+    """The MTP layer fitted to the target's continuations of PROMPT: drafts both accepted and rejected."""
+    path = tiny["qwen3_5-fitted-mtp"]
+    engine = mlx_spec.load(str(path), draft_len=draft_len)
     assert engine.drafter.name == "mtp"  # the default for a checkpoint that declares an MTP layer
     ids = engine.encode(PROMPT)
     result = mlx_spec.generate(engine, ids, max_tokens=100, repetition_penalty=penalty)
-    assert result.tokens == plain_greedy(tiny["qwen3_5"], ids, 100, penalty)
+    assert result.tokens == plain_greedy(path, ids, 100, penalty)
     assert result.stats.position_drafted[0] >= result.stats.rounds - 1  # MTP drafted in every round
+    assert 0 < result.stats.accepted < result.stats.drafted  # drafts passed, and rollback ran
 
 
 def test_mtp_layer_matches_its_equations(tiny, qwen35):
@@ -163,11 +166,12 @@ def test_moe_variants_are_lossless_with_mtp_and_with_rollback(tiny, family):
 
     from mlx_spec.engine import Engine
 
-    engine = mlx_spec.load(str(tiny[family]), draft_len=3)
+    engine = mlx_spec.load(str(tiny[f"{family}-fitted-mtp"]), draft_len=3)
     assert engine.drafter.name == "mtp" and type(engine.drafter.mtp.layers[0].mlp).__name__ == "Qwen3NextSparseMoeBlock"
     ids = engine.encode(PROMPT)
-    reference = plain_greedy(tiny[family], ids, 60, 1.3)
-    assert mlx_spec.generate(engine, ids, max_tokens=60, repetition_penalty=1.3).tokens == reference
+    reference = plain_greedy(tiny[family], ids, 60, 1.3)  # the same target weights
+    result = mlx_spec.generate(engine, ids, max_tokens=60, repetition_penalty=1.3)
+    assert result.tokens == reference and 0 < result.stats.accepted < result.stats.drafted
     oracle = Engine(Target(engine.target.model), engine.tokenizer,
                     CorruptedOracleDrafter(reference, len(ids), len(engine.tokenizer.get_vocab())), draft_len=5)
     result = mlx_spec.generate(oracle, ids, max_tokens=60, repetition_penalty=1.3)
@@ -192,13 +196,16 @@ def test_mtp_experts_are_loaded_from_either_layout(tiny, family):
 
 
 def test_pre_norm_tap_is_available_and_differs(tiny):
+    """The fitted layer (fitted on the post-norm tap) fed the pre-norm one still drafts right at times."""
     post = mlx_spec.load(str(tiny["qwen3_5"]))
-    pre = mlx_spec.load(str(tiny["qwen3_5"]), mtp_hidden="pre")
+    pre = mlx_spec.load(str(tiny["qwen3_5-fitted-mtp"]), mtp_hidden="pre", draft_len=2)  # the same target
     tokens = post.encode(PROMPT)
     post_step, pre_step = post.target.forward(tokens), pre.target.forward(tokens)
     text = text_model(pre.target.model)
     np.testing.assert_allclose(np.array(text.model.norm(pre_step.hidden)), np.array(post_step.hidden), atol=1e-5)
-    assert mlx_spec.generate(pre, tokens, max_tokens=30).tokens == plain_greedy(tiny["qwen3_5"], tokens, 30)
+    result = mlx_spec.generate(pre, tokens, max_tokens=30)
+    assert result.tokens == plain_greedy(tiny["qwen3_5"], tokens, 30)
+    assert 0 < result.stats.accepted < result.stats.drafted
 
 
 def test_mtp_failure_messages(tiny, tmp_path):

@@ -12,10 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from helpers import KEY, PROMPT, assert_one_line_error, run_cli, start_server
+from helpers import (KEY, PROMPT, assert_one_line_error, chat_ids, loaded, plain_greedy, plain_text, run_cli,
+                     start_server)
 
 LONG = 100_000  # tokens: minutes of generation, cut short by the test (qwen3-long's context holds them)
 LONG_PROMPT = [7] * 30_000  # token ids whose prefill takes minutes on the tiny model
+HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
@@ -30,21 +32,14 @@ def client(url) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
 
 
-def cli_text(tiny, *args) -> str:
-    proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]),
-                   "--json", *args)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["text"]
-
-
-def test_chat_and_completions_through_the_openai_client(server, tiny):
+def test_chat_and_completions_through_the_openai_client(server):
     url, model = server
     api = client(url)
     assert [m.id for m in api.models.list()] == [model]
     chat = api.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=24)
     assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
     assert chat.choices[0].finish_reason in ("stop", "length")
-    assert chat.choices[0].message.content == cli_text(tiny, "--prompt", "hi", "--max-tokens", "24")
+    assert chat.choices[0].message.content == plain_text(model, chat_ids(model, HI), 24)
     usage = chat.usage.model_dump()
     assert usage["completion_tokens"] == 24 or chat.choices[0].finish_reason == "stop"
     assert usage["drafter"] == "draft-model" and usage["draft_n"] >= usage["draft_n_accepted"] >= 0
@@ -63,16 +58,15 @@ def test_chat_and_completions_through_the_openai_client(server, tiny):
 
     text = api.completions.create(model=model, prompt=PROMPT, max_tokens=40, temperature=0)
     assert text.object == "text_completion" and text.choices[0].finish_reason == "length"
-    assert text.choices[0].text == cli_text(tiny, "--prompt", PROMPT, "--raw", "--max-tokens", "40")
+    assert text.choices[0].text == plain_text(model, loaded(model)[1].encode(PROMPT), 40)
     assert text.usage.model_dump()["draft_n_accepted"] > 0  # the layer-skip draft is often right here
     pieces = list(api.completions.create(model=model, prompt=PROMPT, max_tokens=40, stream=True))
     assert "".join(p.choices[0].text for p in pieces) == text.choices[0].text
     sampled = api.completions.create(model=model, prompt=PROMPT, max_tokens=20, temperature=0.8, top_p=0.9, seed=3,
                                      extra_body={"top_k": 20, "drafter": "ngram", "num_draft": 3})
     assert sampled.usage.model_dump()["drafter"] == "ngram"
-    assert sampled.choices[0].text == api.completions.create(
-        model=model, prompt=PROMPT, max_tokens=20, temperature=0.8, top_p=0.9, seed=3,
-        extra_body={"top_k": 20, "drafter": "ngram", "num_draft": 3}).choices[0].text  # pinned: repeatable
+    assert sampled.choices[0].text == plain_text(model, loaded(model)[1].encode(PROMPT), 20, temperature=0.8,
+                                                 top_p=0.9, top_k=20, seed=3)  # one-hot drafts: the seed's draws
 
 
 def test_concurrent_clients_get_their_own_answers(server):
@@ -84,17 +78,19 @@ def test_concurrent_clients_get_their_own_answers(server):
         answer = api.completions.create(model=model, prompt=prompt, max_tokens=12)
         return answer.choices[0].text, answer.usage.model_dump()["batch_size"]
 
-    expected = [ask(p) for p in prompts]
-    assert {size for _, size in expected} == {1}  # one at a time: alone
+    expected = [plain_text(model, loaded(model)[1].encode(prompt), 12) for prompt in prompts]
+    alone = [ask(p) for p in prompts]
+    assert [text for text, _ in alone] == expected and {size for _, size in alone} == {1}  # one at a time
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(ask, prompts * 3))
-    assert [text for text, _ in answers] == [text for text, _ in expected] * 3
+    assert [text for text, _ in answers] == expected * 3
     assert max(size for _, size in answers) > 1  # they were decoded together (the server's default batch)
 
 
 def test_pinned_requests_share_a_batch_each_with_its_own_draft_length(server):
-    """Concurrent requests pinning different draft lengths (none, 1, 3, or the policy's) decode together, and each
-    row drafts as it does alone with its pin: the same text, drafted and accepted counts."""
+    """Concurrent requests pinning different draft lengths (none, 1, 3, or the policy's) decode together, each the
+    target's own greedy answer, and each row drafts as it does alone with its pin: the same drafted and accepted
+    counts."""
     url, model = server
     api, pins = client(url), [0, 1, 3, None] * 2
 
@@ -106,7 +102,8 @@ def test_pinned_requests_share_a_batch_each_with_its_own_draft_length(server):
     alone = [ask(i) for i in range(len(pins))]
     with ThreadPoolExecutor(len(pins)) as pool:
         together = list(pool.map(ask, range(len(pins))))
-    assert [text for text, _ in together] == [text for text, _ in alone]
+    expected = [plain_text(model, loaded(model)[1].encode(f"{PROMPT}# {i}\n"), 16) for i in range(len(pins))]
+    assert [text for text, _ in together] == expected and [text for text, _ in alone] == expected
     assert max(usage["batch_size"] for pin, (_, usage) in zip(pins, together) if pin is not None) > 1
     for pin, (_, usage), (_, usage_alone) in zip(pins, together, alone):
         if pin is not None:
@@ -148,8 +145,6 @@ def test_a_client_that_goes_away_frees_the_server(server):
     answer = client(url).completions.create(model=model, prompt="def f", max_tokens=4, timeout=60)
     assert answer.usage.completion_tokens == 4
 
-
-HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.mark.parametrize("body,status,fragment,param", [
@@ -215,8 +210,7 @@ def test_mlx_spec_routes_stream_the_engine_events(server):
     done = events[-1]
     assert done["tokens"] == [t["id"] for t in tokens] and done["stats"]["rounds"] == len(rounds)
     assert done["memory"]["weights"] > 0 and done["memory"]["pressure"] in ("normal", "warn", "critical")
-    openai_text = client(url).completions.create(model=model, prompt=PROMPT, max_tokens=30).choices[0].text
-    assert done["text"] == openai_text
+    assert done["tokens"] == plain_greedy(model, loaded(model)[1].encode(PROMPT), 30)
     status = httpx.get(f"{url}/mlx-spec/v1/status", params={"drafter": "ngram"}, headers=headers, timeout=120).json()
     assert status["drafter"] == "ngram" and "off" in status["drafters"] and status["sampling"]["temperature"] == 0
 
