@@ -1,12 +1,17 @@
-"""Prove the suite catches what it claims to: apply small deliberate bugs to the core (verification, sampling,
-rollback, drafts, the drafting helpers, n-gram and suffix lookup, ragged batches, block drafters and their
-training, constrained output), one at a time, each in a fresh copy of the working tree, and run the tests that should catch it. Every
-mutant must make them fail.
+"""Prove the suite catches what it claims to: apply small deliberate bugs to the code, one at a time, each in a
+fresh copy of the working tree, and run the few tests that should catch it (pytest -x: the first failure ends
+the run). Every mutant must make them fail. They cover verification (dense-q and greedy chains, sampled trees),
+sampling and penalties, rollback (sliding windows, trees, quantized KV, Gated DeltaNet states), the draft model's
+cache alone and in a batch, the drafting helpers, n-gram, suffix and lookahead drafting, MTP layers, Medusa, EAGLE-3
+and Gemma 4 drafters, block drafters and their training, ragged batches (per-row keys, rows joining), the prompt
+cache (drafter state taken back), the draft-length policy's off state, request parsing, convert and constrained
+output.
 
-    python scripts/mutants.py              # all of them (about 2 minutes on 2 cores)
-    python scripts/mutants.py --only 3,7   # some; --list shows them
+    python scripts/mutants.py              # all of them, two at a time (8 to 11 minutes of CPU time in all)
+    python scripts/mutants.py --only 3,7   # some; --list shows them; --verbose how their tests ended
 
-Exit status 0 when every mutant was caught, 1 when one survived, 2 when one no longer applies to the code.
+Every mutant's line is looked for in the code before any runs. Exit status 0 when every mutant was caught, 1
+when one survived, 2 when one no longer applies (its line is gone, or its tests could not run).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,25 +34,30 @@ ROOT = Path(__file__).resolve().parents[1]
 class Mutant:
     what: str
     file: str
-    old: str
+    old: str  # must occur exactly once in `file`
     new: str
-    tests: tuple[str, ...]  # pytest node ids or files, run with -x
+    tests: tuple[str, ...]  # pytest node ids or files, run with -x: the likeliest to fail first
+    slow: bool = False  # its tests take minutes: started first, so that the last ones running end together
 
 
+VERIFY = "tests/test_verify.py::test_stochastic_draft_output_follows_p"
 SAMPLED = "tests/test_sampling.py::test_sampled_sequences_follow_the_target"
+SAMPLED_BATCH = "tests/test_sampling.py::test_every_row_of_a_sampled_batch_draws_what_plain_sampling_draws"
 ACCEPTANCE = "tests/test_acceptance.py"
 BLOCK = "tests/test_block.py::test_draft_distributions_equal_the_reference_round_after_round"
+NGRAM_CHAINS = ("tests/test_batched.py::test_ngram_chains_continue_down_to_the_last_token_and_past_the_end_of_their_"
+                "copy_alone_and_in_a_batch")
 MUTANTS = [
-    Mutant("a draft is accepted with probability p, whatever q", "mlx_spec/verify.py",
-           "passed = uniform * q_draft < p_draft", "passed = uniform < p_draft", (SAMPLED,)),
+    Mutant("a dense-q draft is accepted with probability p, whatever q", "mlx_spec/verify.py",
+           "(uniform * q_draft < p_draft)", "(uniform < p_draft)", (VERIFY,)),
     Mutant("a rejected position is resampled from p, not from the residual max(p - q, 0)", "mlx_spec/verify.py",
-           "residual = mx.maximum(p[:k] - q, 0.0)", "residual = p[:k]", (SAMPLED,)),
+           "residual = mx.maximum(p[:k] - q, 0.0)", "residual = p[:k]", (VERIFY,)),
     Mutant("greedy: the next token is the last position's choice, not the first rejected one's",
            "mlx_spec/verify.py",
            "return accepted, choice[accepted]", "return accepted, choice[-1]",
            ("tests/test_lossless.py::test_every_acceptance_length_rolls_back_exactly",)),
-    Mutant("a tree: a rejected child stays in the residual", "mlx_spec/verify.py",
-           "            residual[x] = 0.0\n", "",
+    Mutant("a sampled tree: every node's draw takes the root position's key, not its depth's", "mlx_spec/verify.py",
+           "keys[mx.array([0, *draft.depths()])]", "keys[mx.array([0] * (len(tokens) + 1))]",
            ("tests/test_trees.py::test_tree_verification_samples_the_target_distribution",)),
     Mutant("top-k keeps k + 1 tokens", "mlx_spec/sampling.py",
            "[:, vocab - params.top_k][:, None]", "[:, vocab - params.top_k - 1][:, None]",
@@ -60,6 +71,21 @@ MUTANTS = [
     Mutant("a tree's kept path is not moved into place in full KV caches", "mlx_spec/caches.py",
            "if kept != list(range(len(kept))):  # a chain's prefix is already in place",
            "if False:", ("tests/test_trees.py",)),
+    Mutant("a tree's kept path moves a quantized cache's data but not its scales and biases", "mlx_spec/caches.py",
+           "for buffer in buffers if isinstance(buffers, tuple) else (buffers,):",
+           "for buffer in buffers[:1] if isinstance(buffers, tuple) else (buffers,):",
+           ("tests/test_trees.py::test_tree_forward_and_compaction_match_a_fresh_forward[8]",)),
+    Mutant("a Gated DeltaNet layer rolled back keeps a conv window one position early", "mlx_spec/caches.py",
+           "(conv_input[:, j + 1:j + 1 + width, :], state)", "(conv_input[:, j:j + width, :], state)",
+           ("tests/test_caches.py::test_random_forward_and_rollback_match_a_fresh_forward[qwen3_5-None]",)),
+    Mutant("a draft model's cache keeps one rejected draft after a round", "mlx_spec/drafters/draft_model.py",
+           "valid = min(self.runner.offset, self.proposed_from + accepted)",
+           "valid = min(self.runner.offset, self.proposed_from + accepted + 1)",
+           ("tests/test_caches.py::test_draft_model_cache_holds_exactly_the_accepted_context",)),
+    Mutant("a batch's draft model keeps one rejected draft of each row after a round",
+           "mlx_spec/drafters/draft_model.py",
+           "kept = [fed + min(count, self.longest - 1)", "kept = [fed + min(count + 1, self.longest - 1)",
+           ("tests/test_batched.py::test_every_row_equals_decoding_it_alone[qwen3-draft-model-qwen3-draft-2]",)),
     Mutant("a tree node does not see its ancestors", "mlx_spec/draft.py",
            "sees[i + 1] |= sees[parent + 1]", "sees[i + 1] |= sees[0]", ("tests/test_trees.py",)),
     Mutant("sampled drafts drawn greedily, their q dropped (one at a time)", "mlx_spec/drafters/__init__.py",
@@ -70,18 +96,74 @@ MUTANTS = [
            (ACCEPTANCE,)),
     Mutant("sampled drafts drawn as the argmax of the q they report", "mlx_spec/drafters/__init__.py",
            "tokens.append(sample(dists[-1], step_key))", "tokens.append(mx.argmax(dists[-1], axis=-1))",
-           (SAMPLED,)),
+           (SAMPLED,), slow=True),
     Mutant("n-gram lookup keeps the earliest occurrence of a suffix, not the latest", "mlx_spec/drafters/ngram.py",
            "                    ends.insert(0, end)\n                    del ends[self.width:]\n",
            "                    if len(ends) < self.width:\n                        ends.append(end)\n",
-           ("tests/test_batched.py::test_ngram_chains_continue_down_to_the_last_token_and_past_the_end_of_their_copy_"
-            "alone_and_in_a_batch",)),
+           (NGRAM_CHAINS,)),
+    Mutant("lookahead pools what the target predicts one node before each column's end",
+           "mlx_spec/drafters/lookahead.py",
+           "rows = mx.array([end + 1 for end in self.ends])", "rows = mx.array([end for end in self.ends])",
+           ("tests/test_lookahead.py::test_the_pool_learns_a_repeating_text_from_its_trajectories",)),
+    Mutant("an MTP layer's rows pair each verified hidden state with the token before the one that follows it",
+           "mlx_spec/drafters/qwen_mtp.py",
+           "self.pending.append((context[-(accepted + 1):], step.hidden))",
+           "self.pending.append((context[-(accepted + 2):-1], step.hidden))",
+           ("tests/test_qwen_mtp.py::test_mtp_cache_is_rebuilt_from_verified_hidden_states",)),
+    Mutant("Medusa heads draft from the round's first verified hidden state, not its last",
+           "mlx_spec/drafters/medusa.py",
+           "    def accept(self, context: list[int], accepted: int, step: Step) -> None:\n"
+           "        self.hidden = step.hidden[-1:]",
+           "    def accept(self, context: list[int], accepted: int, step: Step) -> None:\n"
+           "        self.hidden = step.hidden[:1]",
+           ("tests/test_medusa.py::test_medusa_drafts_exactly[1]",)),
+    Mutant("an EAGLE-3 head's reduced vocabulary is read as the target's first ids (d2t ignored)",
+           "mlx_spec/models/__init__.py",
+           "index[mx.arange(draft_vocab) + d2t.astype(mx.int32)]", "index[mx.arange(draft_vocab)]",
+           ("tests/test_eagle3.py::test_head_matches_a_numpy_transcription",)),
+    Mutant("a Gemma 4 assistant queries one position past the round's first input",
+           "mlx_spec/drafters/gemma4_assistant.py",
+           "self.shared_kv(), len(context) - 1, self.last_hidden[None]",
+           "self.shared_kv(), len(context), self.last_hidden[None]",
+           ("tests/test_gemma4.py::test_drafts_follow_the_reference_equations[gemma4-assistant]",)),
+    Mutant("a batch row's draws take the first row's seed", "mlx_spec/batched.py",
+           "position_keys(row.seed, len(row.context) + emitting,",
+           "position_keys(rows[0].seed, len(row.context) + emitting,", (SAMPLED_BATCH,)),
+    Mutant("a batch's round planned ahead keys its draws one position early", "mlx_spec/batched.py",
+           "position_keys(row.seed, len(row.context) + emitting,", "position_keys(row.seed, len(row.context),",
+           (SAMPLED_BATCH,)),
+    Mutant("a prompt joining a batch swaps Gated DeltaNet states with the rows already there", "mlx_spec/ragged.py",
+           "_stack_rows(a, self.size, b, other.size)", "_stack_rows(b, other.size, a, self.size)",
+           ("tests/test_batched.py::test_a_queued_prompt_joins_as_soon_as_a_row_leaves_with_drafting_off[qwen3_5]",)),
     Mutant("a batch row keeps one rejected position", "mlx_spec/ragged.py",
            "self.valid[row, new[count:]] = False", "self.valid[row, new[count + 1:]] = False",
            ("tests/test_batched.py::test_one_rows_rollback_leaves_the_others_untouched",)),
     Mutant("a batch's sliding window holds one position too many", "mlx_spec/ragged.py",
            "queries[:, :, None] - held[:, None, :] < window", "queries[:, :, None] - held[:, None, :] <= window",
            ("tests/test_batched.py::test_one_rows_rollback_leaves_the_others_untouched",)),
+    Mutant("a restored sequence's drafter starts afresh, its stored state not taken back", "mlx_spec/prompt_cache.py",
+           "drafter.resume(best.held if best.drafter is drafter and reach == len(best.tokens) else None)",
+           "drafter.resume(None)",
+           ("tests/test_prompt_cache.py::test_alternating_conversations_reuse_their_turns_exactly[llama-options5]",
+            "tests/test_prompt_cache.py::test_alternating_conversations_reuse_their_turns_exactly[qwen3-options4]")),
+    Mutant("drafting once off never probes again", "mlx_spec/policy.py",
+           "if k == 0 and (self.uncosted or (probe_due(", "if k == 0 and (self.uncosted and (probe_due(",
+           ("tests/test_policy.py::test_turns_off_for_useless_drafts_and_back_on_for_good_ones",)),
+    Mutant("a request's max_tokens is ignored (the server's default instead)", "mlx_spec/request_fields.py",
+           'whole(body, "max_completion_tokens", 1, whole(body, "max_tokens", 1, server.max_tokens))',
+           'whole(body, "max_completion_tokens", 1, server.max_tokens)',
+           ("tests/test_server.py::test_chat_and_completions_through_the_openai_client",)),
+    Mutant("the server drops a request's sampling fields (temperature, top-p/k, min-p, penalties)",
+           "mlx_spec/request_fields.py", "params = replace(server.defaults, **sampling)", "params = server.defaults",
+           ("tests/test_server_sampling.py::test_every_sampling_field_alone_and_as_a_batch_row_is_the_target_alone",)),
+    Mutant("a batch row's penalties do not see its own history", "mlx_spec/batched.py",
+           "row.job.params, row.context,\n                                 keys[",
+           "row.job.params, [],\n                                 keys[",
+           ("tests/test_sampling_fields.py::test_each_rows_sampling_and_penalties_are_its_own",)),
+    Mutant("a converted MTP layer's norms are shifted again when it loads", "mlx_spec/convert.py",
+           'mx.save_safetensors(str(partial), weights, metadata={"format": "mlx"})',
+           "mx.save_safetensors(str(partial), weights)",
+           ("tests/test_convert.py::test_float_round_trip_keeps_mtp_and_loads_everywhere[qwen3_5]",)),
     Mutant("a block drafter's context keys are rotated one position late", "mlx_spec/models/dflash.py",
            "self.kv_heads)), offset=start)", "self.kv_heads)), offset=start + 1)", (BLOCK,)),
     Mutant("DSpark's Markov bias and DFlash2's selector follow the anchor at every position",
@@ -111,7 +193,7 @@ MUTANTS = [
     Mutant("draft j learns the target's distribution one position late", "mlx_spec/train_block.py",
            "at = (anchors[..., None] + mx.arange(self.k)).reshape(b, -1)",
            "at = (anchors[..., None] + mx.arange(1, self.k + 1)).reshape(b, -1)",
-           ("tests/test_train_block.py::test_a_trained_block_drafter_drafts_exactly_and_well",)),
+           ("tests/test_train_block.py::test_a_trained_block_drafter_drafts_exactly_and_well",), slow=True),
     Mutant("every verified row is masked by the grammar state before the drafts", "mlx_spec/grammar.py",
            "return self.masked_tree(logits, [drafts[:j] for j in range(logits.shape[0])])",
            "return self.masked_tree(logits, [[] for j in range(logits.shape[0])])",
@@ -120,6 +202,12 @@ MUTANTS = [
            "self.drafter.constrain = self.constrain_drafts if self.grammar else None", "self.drafter.constrain = None",
            ("tests/test_grammar.py::test_drafters_draft_within_the_grammar",)),
 ]
+
+
+def applies(mutant: Mutant) -> bool:
+    """Whether the code holds the mutant's line exactly once (else it is stale: the code was rewritten)."""
+    path = ROOT / mutant.file
+    return path.is_file() and path.read_text().count(mutant.old) == 1
 
 
 def working_tree_copy(into: Path) -> Path:
@@ -134,32 +222,36 @@ def working_tree_copy(into: Path) -> Path:
     return into
 
 
-def run(mutant: Mutant) -> tuple[str, float]:
-    """"caught", "survived" or "stale" (the code no longer holds the line it changes), and the seconds taken."""
+def run(mutant: Mutant) -> tuple[str, float, float, str]:
+    """Apply `mutant` to a fresh copy of the working tree and run its tests there: ("caught", "survived" or
+    "broken" (pytest could not run them), the seconds taken, the CPU seconds pytest used, pytest's output)."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mlx-spec-mutant-") as tmp:
-        copy = working_tree_copy(Path(tmp))
+        copy = working_tree_copy(Path(tmp) / "tree")
         path = copy / mutant.file
-        text = path.read_text()
-        if text.count(mutant.old) != 1:
-            return "stale", time.perf_counter() - start
-        path.write_text(text.replace(mutant.old, mutant.new))
+        path.write_text(path.read_text().replace(mutant.old, mutant.new))
         env = {**os.environ, "PYTHONPATH": str(copy)}  # the copy's mlx_spec, here and in the CLI's subprocesses
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
-                               *mutant.tests],
-                              cwd=copy, env=env, capture_output=True, text=True)
-        if proc.returncode not in (0, 1):
-            print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"pytest could not run the tests of mutant {mutant.what!r} (exit {proc.returncode})")
-    return ("caught" if proc.returncode == 1 else "survived"), time.perf_counter() - start
+        with open(Path(tmp) / "output", "w+") as output:
+            proc = subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider",
+                                     "-p", "no:randomly", *mutant.tests],
+                                    cwd=copy, env=env, stdout=output, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(proc.pid, 0)  # pytest's own CPU time, its subprocesses' included
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            output.seek(0)
+            text = output.read()
+    verdict = {0: "survived", 1: "caught"}.get(proc.returncode, "broken")
+    return verdict, time.perf_counter() - start, usage.ru_utime + usage.ru_stime, text
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated mutant numbers (from --list)")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--verbose", action="store_true", help="show how each mutant's tests ended")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="mutants run at the same time (default: 2, or 1 on one core)")
     args = parser.parse_args()
-    chosen = range(1, len(MUTANTS) + 1)
+    chosen = list(range(1, len(MUTANTS) + 1))
     if args.only:
         chosen = [int(n) for n in args.only.split(",")]
         if bad := [n for n in chosen if not 1 <= n <= len(MUTANTS)]:
@@ -168,18 +260,27 @@ def main() -> int:
         for n in chosen:
             print(f"{n:2d}  {MUTANTS[n - 1].file}: {MUTANTS[n - 1].what}")
         return 0
-    verdicts = {}
-    for n in chosen:
-        mutant = MUTANTS[n - 1]
-        verdicts[n], seconds = run(mutant)
-        print(f"{n:2d}  {verdicts[n]:8s} {seconds:5.0f} s  {mutant.file}: {mutant.what}", flush=True)
-    if stale := [n for n, v in verdicts.items() if v == "stale"]:
+    if stale := [n for n in chosen if not applies(MUTANTS[n - 1])]:
+        for n in stale:
+            print(f"{n:2d}  stale: {MUTANTS[n - 1].file} no longer holds {MUTANTS[n - 1].old!r} exactly once")
         print(f"mutants {stale} no longer apply: update their lines in scripts/mutants.py")
         return 2
-    survived = [n for n, v in verdicts.items() if v == "survived"]
-    print(f"{len(verdicts) - len(survived)} of {len(verdicts)} mutants caught"
-          + (f"; survived: {survived}" if survived else ""))
-    return 1 if survived else 0
+    start, verdicts = time.perf_counter(), {}
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        running = {pool.submit(run, MUTANTS[n - 1]): n for n in sorted(chosen, key=lambda n: not MUTANTS[n - 1].slow)}
+        for done in as_completed(running):
+            n, mutant = running[done], MUTANTS[running[done] - 1]
+            verdicts[n], seconds, cpu, output = done.result()
+            print(f"{n:2d}  {verdicts[n]:8s} {seconds:4.0f} s ({cpu:4.0f} s CPU)  {mutant.file}: {mutant.what}",
+                  flush=True)
+            if verdicts[n] == "broken" or args.verbose:
+                print(output[-3000:], flush=True)
+    survived = sorted(n for n, v in verdicts.items() if v == "survived")
+    broken = sorted(n for n, v in verdicts.items() if v == "broken")
+    print(f"{len(verdicts) - len(survived) - len(broken)} of {len(verdicts)} mutants caught in "
+          f"{time.perf_counter() - start:.0f} s" + (f"; survived: {survived}" if survived else "")
+          + (f"; their tests could not run: {broken}" if broken else ""))
+    return 2 if broken else 1 if survived else 0
 
 
 if __name__ == "__main__":
