@@ -11,7 +11,8 @@ mlx-spec batched with the adaptive policy per batch size for each drafter (n-gra
 it has one, as the demo does; the draft model when given).
 Prints total tokens/s (every token generated over the whole wall time, prefills included), the ratio to mlx-lm
 batched, acceptance, and how many outputs equal mlx-spec's own one-at-a-time plain decoding; then whether the
-machine was quiet enough to trust the figures.
+machine was quiet enough to trust the figures. Every run's own tok/s goes out as a raw-timings line
+(scripts/timings.py), which scripts/record.py keeps apart.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from mlx_lm import batch_generate  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.batched import Job  # noqa: E402
 from mlx_spec.bench import Neighbours  # noqa: E402
+from timings import raw_line  # noqa: E402
 
 PROMPTS = Path(mlx_spec.__file__).parent / "demo" / "prompts.jsonl"
 
@@ -96,6 +98,8 @@ def main() -> int:
                                          completion_batch_size=size, prefill_batch_size=size, return_token_ids=True)
                     seconds = time.perf_counter() - start
                     speeds.setdefault(("mlx-lm batch_generate", size), []).append(len(batch) * args.tokens / seconds)
+                    print(raw_line(f"B={size} mlx-lm batch_generate", "tok/s",
+                                   speeds[("mlx-lm batch_generate", size)][-1:]), flush=True)
                     same[("mlx-lm batch_generate", size)] = sum(
                         list(t) == r for t, r in zip(out.token_ids, reference))
                     for name, engine in contenders.items():
@@ -108,7 +112,7 @@ def main() -> int:
                         drafted = sum(r.stats.drafted for r in results.values())
                         acceptance[(name, size)] = (sum(r.stats.accepted for r in results.values()) / drafted
                                                     if drafted else None)
-                        print(f"  B={size} {name}: {speeds[(name, size)][-1]:.1f} tok/s", flush=True)
+                        print(raw_line(f"B={size} {name}", "tok/s", speeds[(name, size)][-1:]), flush=True)
         print("| B | contender | total tok/s | vs mlx-lm batched | acceptance | same as one-at-a-time plain |")
         print("|---|---|---|---|---|---|")
         for size in sizes:

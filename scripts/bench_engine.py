@@ -7,7 +7,8 @@ Prints, with the BLAS in use:
   2. mlx-spec draft-model speculation vs mlx-lm's speculative_generate_step, same pair and k, T=0
   3. acceptance at T=1.0 with the draft equal to the target: exact rejection sampling vs sample-and-match
 The models are random float32 checkpoints from tests/tiny.py (a layer-skip draft of the target); random
-weights say nothing about acceptance on real text, only about engine overhead and the verification rule.
+weights say nothing about acceptance on real text, only about engine overhead and the verification rule. Every run's
+own tok/s goes out as a raw-timings line (scripts/timings.py), which scripts/record.py keeps apart.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mlx_lm.utils import load as mlx_lm_load
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
 import tiny  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
+from timings import raw_line  # noqa: E402  (scripts/, this file's folder)
 
 PROMPT = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"
 
@@ -39,12 +41,15 @@ def timed(fn):
 
 
 def interleave(runs: dict, reps: int) -> dict:
-    """Run each contender once per repetition, alternating; return tokens and median tok/s per name."""
+    """Run each contender once per repetition, alternating; return tokens and median tok/s per name, and print
+    each run's tok/s (raw timings)."""
     speeds, outputs = {name: [] for name in runs}, {}
     for _ in range(reps):
         for name, fn in runs.items():
             outputs[name], tps = timed(fn)
             speeds[name].append(tps)
+    for name, values in speeds.items():
+        print(raw_line(name, "tok/s", values))
     return {name: (outputs[name], statistics.median(speeds[name])) for name in runs}
 
 

@@ -7,7 +7,8 @@ n-gram length k and under the adaptive policy, interleaved in one process on thr
 new code, one that edits code given in the prompt, where copying pays). Prints tokens per round (mean accepted
 length + 1), tree nodes verified per round, decode tok/s and the ratio to plain, lookahead's pool hit rate (rounds
 whose last token started an n-gram in the pool), whether every output equals plain decoding, and whether the
-machine was quiet enough to trust the figures.
+machine was quiet enough to trust the figures. Every run's own tok/s goes out as a raw-timings line
+(scripts/timings.py), which scripts/record.py keeps apart.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import mlx_spec  # first, before mlx: it points MLX at the system OpenBLAS on Li
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours, spread  # noqa: E402
+from mlx_spec.bench import Neighbours  # noqa: E402
+from timings import raw_line, spread_cell, verdict  # noqa: E402
 
 EDITED = '''def mean(values):
     total = 0
@@ -92,8 +94,11 @@ def main() -> int:
             nodes = statistics.mean(r.stats.nodes / r.stats.rounds for r in results)
             print(f"| {name} | {statistics.mean(r.stats.mean_acceptance_length for r in results):.2f} | "
                   f"{nodes:.1f} | {tps:.1f} | {tps / baseline:.2f}x | "
-                  f"{max(spread(v) for v in speeds[name].values()):.0%} | {' '.join(hits) or '-'} | {same} |")
-        print(neighbours.verdict(max(spread(v) for v in speeds["plain"].values()))[1])
+                  f"{spread_cell(speeds[name].values())} | {' '.join(hits) or '-'} | {same} |")
+        print(verdict(neighbours, speeds["plain"].values()))
+        for name, by_prompt in speeds.items():
+            for p, runs in by_prompt.items():
+                print(raw_line(f"{model}: {name}, prompt {p + 1}", "tok/s", runs))
     return 0
 
 

@@ -21,7 +21,8 @@ equals plain decoding's, and the machine's load. --context: the same at each len
 real source file, a question at the end), where verifying costs and acceptance change with depth. With --trace, writes
 <pair>.json there (a ladder: <pair>-context.json, one prompt a rung): the prompt's and the answer's tokens, and each
 round's draft length, accepted drafts and cost in plain steps (seconds from one round's end to the next, as the engine
-times them, over the median plain step of the same prompt) of the first repetition.
+times them, over the median plain step of the same prompt) of the first repetition. Every run's own tok/s goes out
+as a raw-timings line (scripts/timings.py), which scripts/record.py keeps apart.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours, spread  # noqa: E402
+from mlx_spec.bench import Neighbours  # noqa: E402
 from mlx_spec.events import Round, Token  # noqa: E402
 from mlx_spec.policy import UNTIMED_ROUNDS  # noqa: E402
+from timings import raw_line, verdict  # noqa: E402
 
 PAIRS = {  # name: (target, drafter keyword arguments of mlx_spec.load)
     "draft-1.5b": ("qwen2.5-coder-1.5b", {"draft_model": "qwen2.5-coder-0.5b"}),
@@ -94,10 +96,10 @@ def long_context(tokenizer, tokens: int) -> list[dict]:
 def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: int, reps: int, sampling: dict,
             compared: bool, learnt=None):
     """Every contender on every chat, interleaved after an untimed pass: tok/s by contender, whether every output
-    equals plain decoding's, the worst spread of plain runs, the first repetition's rounds, the profile the
+    equals plain decoding's, each chat's plain runs (tok/s), the first repetition's rounds, the profile the
     "adaptive" runs kept (what the next starts from), and every timed run's rounds as (draft length, accepted, cost
     in plain steps, whether the engine times it) for `model`."""
-    speeds, plain_spread, same, traces, pooled = {}, [], True, [], []
+    speeds, plain_by_chat, same, traces, pooled = {}, [], True, [], []
     for p, chat in enumerate(chats):
         ids = mlx_spec.render_prompt(engine.tokenizer, chat)
         first, outputs, plain_runs, runs = {}, {}, [], []
@@ -116,13 +118,13 @@ def measure(engine, chats: list, contenders: dict, adaptive_max: int, tokens: in
                     plain_runs += [tps] if k == 0 else []
                     runs.append(run)
             same = same and (not compared or all(t == outputs["plain"] for t in outputs.values()))
-        plain_spread.append(spread(plain_runs))
+        plain_by_chat.append(plain_runs)
         plain_step = statistics.median(seconds for _, _, seconds in first["plain"][UNTIMED_ROUNDS:])
         traces.append({"prompt_tokens": len(ids), "prompt": ids, "answer": outputs["plain"],
                        "rounds": {name: [[k, a, round(s / plain_step, 3)] for k, a, s in r]
                                   for name, r in first.items()}})
         pooled += [(k, a, s / plain_step, i >= UNTIMED_ROUNDS) for run in runs for i, (k, a, s) in enumerate(run)]
-    return speeds, same, max(plain_spread), traces, learnt, pooled
+    return speeds, same, plain_by_chat, traces, learnt, pooled
 
 
 def model(pooled: list[tuple], max_k: int) -> str:
@@ -204,22 +206,24 @@ def main() -> int:
     how = f"T={args.temp}, top-p {args.top_p}" if sampling else "greedy"
     print(f"{args.pair}: {target_dir.name}, {what}; float32, BLAS: {linux_blas.describe()}; {args.tokens} tokens, "
           f"{shown} x {args.reps} repetitions, {how}, interleaved; adaptive up to {adaptive_max}", flush=True)
-    spreads, all_same, learnt, traced = [], True, None, []
+    plain_runs, all_same, learnt, traced = [], True, None, []
     compared = not sampling or kind == "ngram"  # single-token drafts: a seed's draws are plain sampling's
     with Neighbours() as neighbours:
         for rung in rungs or [None]:
             chats = [long_context(engine.tokenizer, rung)] if rung else PROMPTS[: args.prompts]
-            speeds, same, plain_spread, traces, learnt, pooled = measure(
+            speeds, same, plain_by_chat, traces, learnt, pooled = measure(
                 engine, chats, contenders, adaptive_max, args.tokens, args.reps, sampling, compared, learnt)
             if rung:
                 print(f"\ncontext of {traces[0]['prompt_tokens']} tokens:")
             report(speeds, same, compared, bool(sampling), args.pinned)
             if not compared:
                 print(model(pooled, args.pinned))
-            spreads.append(plain_spread)
+            plain_runs += plain_by_chat
+            where = f", context of {rung} tokens" if rung else ""
+            print("\n".join(raw_line(name + where, "tok/s", runs) for name, runs in speeds.items()))
             traced += traces
             all_same = all_same and same
-    print(neighbours.verdict(max(spreads))[1])
+    print(verdict(neighbours, plain_runs))
     if args.trace:
         args.trace.mkdir(parents=True, exist_ok=True)
         name = f"{args.pair}-context" if rungs else args.pair

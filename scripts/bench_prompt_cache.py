@@ -11,7 +11,8 @@ decode one sequence at a time (`Engine.stream`, what the server does with --batc
 (`Engine.stream_many`, the server's default), interleaved in one process after an untimed warm-up. Prints the
 median time to first token of the returning turns, the ratio, the prompt tokens reused, whether the answers
 were the same with and without the cache, the stored bytes, and whether the machine was quiet. Float32 weights
-from `scripts/real_models.py`.
+from `scripts/real_models.py`. Every run's own time to first token goes out as a raw-timings line
+(scripts/timings.py), which scripts/record.py keeps apart.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.batched import Job  # noqa: E402
 from mlx_spec.bench import Neighbours  # noqa: E402
+from timings import raw_line  # noqa: E402
 from mlx_spec.events import Done, Token  # noqa: E402
 
 SOURCES = ["engine.py", "caches.py", "target.py", "verify.py", "sampling.py", "policy.py", "ragged.py", "server.py"]
@@ -98,6 +100,9 @@ def main() -> int:
                     runs[mode] = conversations(engine, count, args.tokens, batched)
                     stored = max(stored, engine.prompt_cache.nbytes if engine.prompt_cache else 0)
                 identical &= [r[1] for r in runs["cold"]] == [r[1] for r in runs["cached"]]
+                for mode, turns in runs.items():
+                    print(raw_line(f"{count} conversations, {'batch row' if batched else 'alone'}, {mode}",
+                                   "s to first token", [r[0] for r in turns]), flush=True)
                 cold, cached = (statistics.median(r[0] for r in runs[mode]) for mode in ("cold", "cached"))
                 reused = statistics.median(r[2] for r in runs["cached"])
                 rows.append((count, "batch row" if batched else "alone", cold, cached, reused,

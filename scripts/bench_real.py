@@ -10,7 +10,8 @@ policy chooses chain or tree each round).
 Prints the median and spread (max - min over median, the worst prompt's) of decode tok/s per contender (every
 contender timed alike, from its first token to its last), the ratio to the baseline, acceptance, whether every
 greedy output equals plain decoding, mlx-spec over mlx-lm at each k, and whether the machine was quiet enough
-to trust the figures.
+to trust the figures. Every run's own tok/s goes out as a raw-timings line (scripts/timings.py), which
+scripts/record.py keeps apart.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from mlx_lm.sample_utils import make_sampler
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours, spread  # noqa: E402
+from mlx_spec.bench import Neighbours  # noqa: E402
 from mlx_spec.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from mlx_spec.engine import Engine  # noqa: E402
 from mlx_spec.events import Done, Token  # noqa: E402
 from mlx_spec.sampling import SamplingParams  # noqa: E402
 from mlx_spec.target import Target  # noqa: E402
+from timings import raw_line, spread_cell, verdict  # noqa: E402
 
 PROMPTS = [
     [{"role": "user", "content": "Write a Python function that parses an ISO 8601 date string and returns a "
@@ -97,7 +99,7 @@ def main() -> int:
 
     print(f"target {target_dir.name}, draft {draft_dir.name}, float32, BLAS: {linux_blas.describe()}; {n} tokens, "
           f"{len(PROMPTS)} prompts x {args.reps} repetitions, T={args.temp}", flush=True)
-    speeds, spreads, outputs, acceptance = {}, {}, {}, {}
+    speeds, by_prompt, outputs, acceptance = {}, {}, {}, {}
     with Neighbours() as neighbours:
         for p, prompt in enumerate(PROMPTS):
             ids = mlx_spec.render_prompt(draft_engine.tokenizer, prompt)
@@ -120,21 +122,23 @@ def main() -> int:
                 for name, run in contenders.items():
                     tokens, tps = run()
                     speeds.setdefault(name, []).append(tps)
-                    spreads.setdefault(name, {}).setdefault(p, []).append(tps)
+                    by_prompt.setdefault(name, {}).setdefault(p, []).append(tps)
                     outputs.setdefault((name, p), tokens)
     baseline = statistics.median(speeds["mlx-lm plain"])
-    worst_spread = {name: max(spread(v) for v in by_prompt.values()) for name, by_prompt in spreads.items()}
     print("| contender | tok/s (median) | spread | vs mlx-lm plain | acceptance | same tokens as plain |")
     print("|---|---|---|---|---|---|")
     for name, values in speeds.items():
         same = all(outputs[(name, p)] == outputs[("mlx-lm plain", p)] for p in range(len(PROMPTS)))
         accepted = f"{statistics.mean(acceptance[name]):.2f}" if acceptance.get(name) and "off" not in name else "-"
-        print(f"| {name} | {statistics.median(values):.2f} | {worst_spread[name]:.0%} | "
+        print(f"| {name} | {statistics.median(values):.2f} | {spread_cell(by_prompt[name].values())} | "
               f"{statistics.median(values) / baseline:.2f}x | {accepted} | {same if greedy else 'n/a (sampled)'} |")
     ratios = [statistics.median(speeds[f"mlx-spec draft k={k}"])
               / statistics.median(speeds[f"mlx-lm speculative k={k}"]) for k in ks]
     print("mlx-spec draft pinned / mlx-lm speculative: " + ", ".join(f"k={k} {r:.2f}x" for k, r in zip(ks, ratios)))
-    print(neighbours.verdict(worst_spread["mlx-lm plain"])[1])
+    print(verdict(neighbours, by_prompt["mlx-lm plain"].values()))
+    for name, runs_by_prompt in by_prompt.items():
+        for p, runs in runs_by_prompt.items():
+            print(raw_line(f"{name}, prompt {p + 1}", "tok/s", runs))
     return 0
 
 

@@ -8,7 +8,8 @@ Eight requests an agent might send: describe something as JSON, the schema in th
 model, n-gram; adaptive draft length) answer each under its grammar, interleaved in one process after an untimed
 warm-up. Prints decode tok/s per contender, the ratio to plain, acceptance, whether every output equals plain
 constrained decoding token for token and is valid JSON, and whether the machine was quiet. Float32 weights from
-`scripts/real_models.py`.
+`scripts/real_models.py`. Every run's own tok/s goes out as a raw-timings line (scripts/timings.py), which
+scripts/record.py keeps apart.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 from mlx_spec import Grammar, linux_blas  # noqa: E402
 from mlx_spec.bench import Neighbours  # noqa: E402
+from timings import raw_line  # noqa: E402
 
 STRING, INTEGER = {"type": "string"}, {"type": "integer"}
 
@@ -105,6 +107,7 @@ def main() -> int:
     print(f"every output equal to plain constrained decoding: {'yes' if identical else 'NO'}; "
           f"finished answers valid JSON: {'yes' if valid else 'NO'}")
     print(note)
+    print("\n".join(raw_line(name, "tok/s", runs) for name, runs in tps.items()))
     return 0 if identical and valid else 1
 
 

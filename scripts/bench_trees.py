@@ -11,7 +11,8 @@ lengths mean something, the speeds do not. --real: the Qwen2.5-Coder 1.5B target
 For each drafter and node budget n (drafted tokens verified per round): the chain of n drafts and the trees of
 width w and depth n / w, pinned, interleaved with plain decoding in one process. Prints tokens per round (mean
 accepted length + 1), decode tok/s and the ratio to plain per contender, and checks every output against plain
-decoding. The verify cost v(n) of n nodes on this machine: scripts/verify_cost.py.
+decoding. The verify cost v(n) of n nodes on this machine: scripts/verify_cost.py. Every run's own tok/s goes out as
+a raw-timings line (scripts/timings.py), which scripts/record.py keeps apart.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import mlx_spec  # first, before mlx: it points MLX at the system OpenBLAS on Li
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "tests")]
 import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours, spread  # noqa: E402
+from mlx_spec.bench import Neighbours  # noqa: E402
+from timings import raw_line, spread_cell, verdict  # noqa: E402
 
 REAL_PROMPTS = [
     [{"role": "user", "content": "Write a Python function that parses an ISO 8601 date string and returns a "
@@ -84,7 +86,7 @@ def main() -> int:
             engine.tokenizer.eos_token_ids = []  # every contender makes exactly --tokens tokens
         print(f"target {Path(target).name}; drafters {', '.join(drafters)}; BLAS {linux_blas.describe()}; "
               f"{args.tokens} tokens, {len(prompts)} prompts x {args.reps} repetitions, greedy", flush=True)
-        speeds, per_round, outputs, spreads = {}, {}, {}, {}
+        speeds, per_round, outputs, by_prompt = {}, {}, {}, {}
         with Neighbours() as neighbours:
             for p, prompt in enumerate(prompts):
                 ids = plain.encode(prompt)
@@ -95,7 +97,7 @@ def main() -> int:
                         if p == 0 and rep == 0:
                             continue
                         speeds.setdefault(name, []).append(result.stats.decode_tps)
-                        spreads.setdefault(name, {}).setdefault(p, []).append(result.stats.decode_tps)
+                        by_prompt.setdefault(name, {}).setdefault(p, []).append(result.stats.decode_tps)
                         per_round.setdefault(name, []).append(result.stats.mean_acceptance_length)
                         outputs.setdefault((name, p), result.tokens)
     baseline = statistics.median(speeds["plain"])
@@ -103,10 +105,12 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for name, values in speeds.items():
         same = all(outputs[(name, p)] == outputs[("plain", p)] for p in range(len(prompts)))
-        worst = max(spread(v) for v in spreads[name].values())
         print(f"| {name} | {statistics.mean(per_round[name]):.2f} | {statistics.median(values):.1f} | "
-              f"{statistics.median(values) / baseline:.2f}x | {worst:.0%} | {same} |")
-    print(neighbours.verdict(max(spread(v) for v in spreads["plain"].values()))[1])
+              f"{statistics.median(values) / baseline:.2f}x | {spread_cell(by_prompt[name].values())} | {same} |")
+    print(verdict(neighbours, by_prompt["plain"].values()))
+    for name, runs_by_prompt in by_prompt.items():
+        for p, runs in runs_by_prompt.items():
+            print(raw_line(f"{name}, prompt {p + 1}", "tok/s", runs))
     return 0
 
 

@@ -8,8 +8,9 @@ A block in README.md or docs/*.md
     <!-- figures: NAME -->            (or `<!-- figures: NAME table -->`: its markdown table and verdict only)
     <!-- /figures -->
 
-is replaced by what docs/benchmarks/NAME.json (written by `scripts/record.py`) holds: the command's output, and a
-line saying how it was recorded (command, commit, date, machine, the load of other processes).
+is replaced by what docs/benchmarks/NAME.json (written by `scripts/record.py`) holds: the command's output, its
+runs' raw timings in a collapsed block (not in a table-only block), a line saying how it was recorded (command,
+commit, date, machine, the load of other processes), and the notes added to the record since, each marked so.
 """
 
 from __future__ import annotations
@@ -44,8 +45,18 @@ def rendered(name: str, table_only: bool) -> str:
         verdict = [line for line in record["output"] if line.startswith(("UNRELIABLE", "quiet machine"))]
         body += "".join(f"\n\n{line}" for line in verdict[-1:])
     else:
-        body = "```text\n" + "\n".join(record["output"]) + "\n```"
-    return f"{body}\n\n{provenance(record)}\n"
+        body = "```text\n" + "\n".join(record["output"]) + "\n```" + raw_timings(record)
+    notes = "".join(f"\n\nNote added to the record after it was made: {note}" for note in record.get("notes", []))
+    return f"{body}\n\n{provenance(record)}{notes}\n"
+
+
+def raw_timings(record: dict) -> str:
+    """Each run's own timing as the script printed it, collapsed (records made before they were kept have none)."""
+    lines = record.get("raw_timings")
+    if not lines:
+        return ""
+    return ("\n\n<details><summary>Raw timings: every run, in the order it ran</summary>\n\n```text\n"
+            + "\n".join(lines) + "\n```\n\n</details>")
 
 
 def update(text: str) -> str:

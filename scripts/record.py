@@ -4,8 +4,9 @@
 
 Runs the command (its output shown as it comes), measures how much CPU other processes took meanwhile, and
 writes docs/benchmarks/NAME.json: the command, the commit (and whether the code differed from it), the
-date, the machine, that load, and every line the command printed (a script's tables are its figures). Nothing is
-written when the command fails. `python scripts/doc_figures.py` puts the records into README.md and docs/.
+date, the machine, that load, and every line the command printed (a script's tables are its figures), the lines
+that give each run's own timing (`scripts/timings.py`: `raw timings: ...`) kept apart as `raw_timings`. Nothing
+is written when the command fails. `python scripts/doc_figures.py` puts the records into README.md and docs/.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ CODE = ("mlx_spec", "tui", "scripts", "pyproject.toml")
 sys.path.insert(0, str(ROOT))
 
 from mlx_spec.bench import Neighbours  # noqa: E402
+from timings import RAW  # noqa: E402  (scripts/, this file's folder)
 
 
 def git(*args: str) -> str:
@@ -67,7 +69,8 @@ def main() -> int:
               "date": started.strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
               "load": {"other_processes_cpu_share": round(neighbours.share, 3),
                        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds())},
-              "output": lines}
+              "output": [line for line in lines if not line.startswith(RAW)],
+              "raw_timings": [line.removeprefix(RAW) for line in lines if line.startswith(RAW)]}
     RECORDS.mkdir(parents=True, exist_ok=True)
     path = RECORDS / f"{args.name}.json"
     staged = path.with_suffix(".json.partial")
