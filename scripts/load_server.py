@@ -98,7 +98,7 @@ def main() -> int:
         print("|---|---|---|---|")
         for name, values in latencies.items():
             if values:
-                p99 = statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
+                p99 = statistics.quantiles(values, n=100, method="inclusive")[98] if len(values) > 1 else values[0]
                 print(f"| {name} | {len(values) / walls[name]:.2f} | {statistics.median(values):.2f} | {p99:.2f} |")
     finally:
         server.terminate()
