@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import Neighbours  # noqa: E402
-from timings import raw_line, spread_cell, verdict  # noqa: E402
+from timings import raw_lines_by_prompt, spread_cell, verdict  # noqa: E402
 
 EDITED = '''def mean(values):
     total = 0
@@ -96,9 +96,7 @@ def main() -> int:
                   f"{nodes:.1f} | {tps:.1f} | {tps / baseline:.2f}x | "
                   f"{spread_cell(speeds[name].values())} | {' '.join(hits) or '-'} | {same} |")
         print(verdict(neighbours, speeds["plain"].values()))
-        for name, by_prompt in speeds.items():
-            for p, runs in by_prompt.items():
-                print(raw_line(f"{model}: {name}, prompt {p + 1}", "tok/s", runs))
+        print(raw_lines_by_prompt(speeds, prefix=f"{model}: "))
     return 0
 
 

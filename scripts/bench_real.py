@@ -37,7 +37,7 @@ from mlx_spec.engine import Engine  # noqa: E402
 from mlx_spec.events import Done, Token  # noqa: E402
 from mlx_spec.sampling import SamplingParams  # noqa: E402
 from mlx_spec.target import Target  # noqa: E402
-from timings import raw_line, spread_cell, verdict  # noqa: E402
+from timings import raw_lines_by_prompt, spread_cell, verdict  # noqa: E402
 
 PROMPTS = [
     [{"role": "user", "content": "Write a Python function that parses an ISO 8601 date string and returns a "
@@ -136,9 +136,7 @@ def main() -> int:
               / statistics.median(speeds[f"mlx-lm speculative k={k}"]) for k in ks]
     print("mlx-spec draft pinned / mlx-lm speculative: " + ", ".join(f"k={k} {r:.2f}x" for k, r in zip(ks, ratios)))
     print(verdict(neighbours, by_prompt["mlx-lm plain"].values()))
-    for name, runs_by_prompt in by_prompt.items():
-        for p, runs in runs_by_prompt.items():
-            print(raw_line(f"{name}, prompt {p + 1}", "tok/s", runs))
+    print(raw_lines_by_prompt(by_prompt))
     return 0
 
 

@@ -29,7 +29,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 import real_models  # noqa: E402
 from mlx_spec import linux_blas  # noqa: E402
 from mlx_spec.bench import Neighbours  # noqa: E402
-from timings import raw_line, spread_cell, verdict  # noqa: E402
+from timings import raw_lines_by_prompt, spread_cell, verdict  # noqa: E402
 
 REAL_PROMPTS = [
     [{"role": "user", "content": "Write a Python function that parses an ISO 8601 date string and returns a "
@@ -108,9 +108,7 @@ def main() -> int:
         print(f"| {name} | {statistics.mean(per_round[name]):.2f} | {statistics.median(values):.1f} | "
               f"{statistics.median(values) / baseline:.2f}x | {spread_cell(by_prompt[name].values())} | {same} |")
     print(verdict(neighbours, by_prompt["plain"].values()))
-    for name, runs_by_prompt in by_prompt.items():
-        for p, runs in runs_by_prompt.items():
-            print(raw_line(f"{name}, prompt {p + 1}", "tok/s", runs))
+    print(raw_lines_by_prompt(by_prompt))
     return 0
 
 

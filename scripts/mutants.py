@@ -7,7 +7,7 @@ and Gemma 4 drafters, block drafters and their training, ragged batches (per-row
 cache (drafter state taken back), the draft-length policy's off state, request parsing, convert and constrained
 output.
 
-    python scripts/mutants.py              # all of them, two at a time (8 to 11 minutes of CPU time in all)
+    python scripts/mutants.py              # all of them, two at a time (--jobs)
     python scripts/mutants.py --only 3,7   # some; --list shows them; --verbose how their tests ended
 
 Every mutant's line is looked for in the code before any runs. Exit status 0 when every mutant was caught, 1

@@ -20,6 +20,12 @@ def raw_line(name: str, unit: str, runs: Iterable[float]) -> str:
     return f"{RAW}{name}: {unit} " + " ".join(f"{value:.4g}" for value in runs)
 
 
+def raw_lines_by_prompt(runs: dict[str, dict[int, list[float]]], unit: str = "tok/s", prefix: str = "") -> str:
+    """`raw_line` for every contender's runs on every prompt (contender -> prompt index -> runs), one per line."""
+    return "\n".join(raw_line(f"{prefix}{name}, prompt {p + 1}", unit, values)
+                     for name, by_prompt in runs.items() for p, values in by_prompt.items())
+
+
 def repeated(runs_by_case: Iterable[list[float]]) -> list[list[float]]:
     """The cases (a prompt, a batch size) that ran more than once: only they have a spread."""
     return [runs for runs in runs_by_case if len(runs) > 1]

@@ -26,7 +26,6 @@ from mlx_spec.verify import position_keys
 from tiny import PROMPT  # noqa: F401  the tests' prompt (the Medusa test heads are trained on it)
 
 
-
 @functools.lru_cache(maxsize=8)
 def loaded(path: str):
     """mlx-lm's model and tokenizer of a checkpoint, loaded once (a model holds no state between forwards)."""

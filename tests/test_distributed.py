@@ -163,7 +163,8 @@ def test_other_drafters_and_caches_on_two_ranks_are_one_process(tiny, tmp_path, 
     assert [rank.returncode for rank in ranks] == [0, 0], outputs
     result = json.loads(outputs[0][0])
     ids = render_prompt(mlx_spec.load(str(tiny[model]), drafter="off").tokenizer, PROMPT, raw=True)
-    assert result["tokens"] == plain_greedy(tiny[model], ids, 30) and result["stats"]["drafted"] > 0
+    kv_bits = int(extra[extra.index("--kv-bits") + 1]) if "--kv-bits" in extra else None
+    assert result["tokens"] == plain_greedy(tiny[model], ids, 30, kv_bits=kv_bits) and result["stats"]["drafted"] > 0
     assert outputs[1][0] == ""
 
 

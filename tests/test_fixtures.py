@@ -1,7 +1,7 @@
 """The shipped fixtures are what their recipe makes. Every run retrains each one for its first steps and compares
 with what `python tests/suite.py` recorded of those steps when it shipped it (the shipped files themselves are
 checked against their recorded digests as the suite sets up); `python -m pytest -m fixtures` retrains them in full
-(about 35 CPU-minutes, most of it the tool model's 400 steps) and compares the files."""
+(most of the time goes to the tool model's 400 steps) and compares the files."""
 
 import json
 

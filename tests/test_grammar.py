@@ -26,6 +26,8 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "age": {"type": "integer"}, "tags": {"type": "array", "maxItems": 2,
                                                                               "items": {"enum": ["a", "bc"]}}},
           "required": ["name", "age", "tags"], "additionalProperties": False}
+
+
 def from_schema(schema: dict) -> str:
     return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults={"whitespace_flexible": False})
 

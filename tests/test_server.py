@@ -146,7 +146,6 @@ def test_a_client_that_goes_away_frees_the_server(server):
     assert answer.usage.completion_tokens == 4
 
 
-
 @pytest.mark.parametrize("body,status,fragment,param", [
     (b"{not json", 400, "not valid JSON", None),
     ({"messages": HI, "n": 2}, 400, "'n' must be 1", "n"),
