@@ -24,11 +24,10 @@ from .engine import Engine
 from .errors import SpecError
 from .files import check_writable, read_lines
 from .prompts import render_prompt
-from .sampling import SamplingParams
+from .sampling import MAX_SEED, SamplingParams
 
 SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
 KNOWN_FIELDS = SAMPLING_FIELDS | {"id", "prompt", "messages", "raw", "max_tokens", "stop", "seed"}
-MAX_SEED = 2**64  # mx.random.key takes an unsigned 64-bit seed
 
 
 @dataclass

@@ -10,7 +10,6 @@ costs. Results go to JSON and to an SVG bar chart.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -19,18 +18,9 @@ from dataclasses import dataclass
 import psutil
 
 from .engine import Engine
-from .errors import SpecError
-from .files import read_lines
-from .prompts import check_messages, render_prompt
-from .sampling import LIMIT as SAMPLING_LIMIT
+from .prompts import render_prompt
 from .sampling import SamplingParams
 from .stats import RoundCosts
-
-PASSAGE = ("The Gated DeltaNet layer keeps a fixed-size recurrent state instead of a key-value cache. Each new "
-           "token decays the state, reads what the state predicts for the token's key, and writes back the "
-           "difference between that prediction and the token's value, scaled by a learned step size. Because "
-           "the state does not grow, memory stays constant however long the context becomes, which is why "
-           "hybrid models interleave three such layers with one full-attention layer.")
 
 def median_ms(fn, reps: int) -> float:
     """Median wall time of `fn()` in milliseconds, after one warm-up call."""
@@ -100,31 +90,6 @@ def interleaved(engines: dict, prompt, max_tokens: int, reps: int = 3) -> dict:
     return {name: (statistics.median(speeds[name]), stats[name]) for name in engines}
 
 
-# Spec-Bench's spirit: the kinds of work where drafting is known to help, and where it is known not to.
-SUITES = {
-    "spec": {
-        "code": (0.0, ["Write a Python function that parses an ISO 8601 date string and returns a datetime.",
-                       "Complete this code:\ndef binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n"]),
-        "extraction": (0.0, [f"List every technical term in this passage, one per line:\n{PASSAGE}",
-                             "From 'Order #4411 shipped to Ada Lovelace, 12 St James Sq, London, on 2026-03-02' "
-                             "extract the order number, name, city and date."]),
-        "json": (0.0, ["Return a JSON object with keys name, language, stars and topics describing the "
-                       "project mlx-lm.", "Convert to JSON: name Ada, age 36, languages Python and C, city "
-                       "London."]),
-        "summarisation": (0.0, [f"Summarise in two sentences:\n{PASSAGE}",
-                                "Answer from the passage only: why do hybrid models keep memory constant?\n"
-                                + PASSAGE]),
-        "chat": (0.0, [[{"role": "user", "content": "What is speculative decoding?"},
-                        {"role": "assistant", "content": "A way to generate several tokens per forward pass of a "
-                                                         "large model, using a cheap drafter."},
-                        {"role": "user", "content": "When does it not help?"}]]),
-        "math": (0.0, ["A train leaves at 9:40 and arrives at 13:05. How long is the journey? Think step by step.",
-                       "Solve for x: 3x + 7 = 2x - 5. Show each step."]),
-        "creative": (1.0, ["Write a short poem about a lighthouse keeper who collects lost words.",
-                           "Invent a myth that explains why cats sit in boxes."]),
-    },
-}
-SUITES["quick"] = {name: (temp, prompts[:1]) for name, (temp, prompts) in SUITES["spec"].items()}
 ENABLE_ABOVE = 1.05  # a drafter must beat plain decoding by this much to be recommended
 
 
@@ -138,45 +103,6 @@ class Run:
     draft_len: float = 0.0  # mean drafts per round (a tree's depth)
     nodes: float = 0.0  # mean drafted tokens verified per round (a tree's nodes)
     by_depth: tuple[float, ...] = ()  # acceptance at each draft position (a tree's depth)
-
-
-def load_prompts(suite: str | None, prompts_file: str | None) -> dict:
-    """{category: (temperature, [prompt or messages])} from a built-in suite or a JSONL file whose lines hold
-    a "prompt" or "messages", an optional "category" and "temperature"."""
-    if prompts_file is None:
-        if (suite or "spec") not in SUITES:
-            raise SpecError(f"unknown suite {suite!r}: choose one of {', '.join(SUITES)}")
-        return SUITES[suite or "spec"]
-    categories: dict = {}
-    for number, line in enumerate(read_lines(prompts_file, "a JSONL file of prompts"), start=1):
-        if not line.strip():
-            continue
-        where = f"{prompts_file}:{number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpecError(f"{where}: not valid JSON ({e.msg})") from None
-        if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
-            raise SpecError(f"{where}: needs a JSON object with one of \"prompt\" and \"messages\"")
-        prompt = item.get("prompt", item.get("messages"))
-        if not (isinstance(prompt, str) and prompt) and not isinstance(prompt, list):
-            raise SpecError(f"{where}: \"prompt\" must be non-empty text")
-        if isinstance(prompt, list):
-            try:
-                check_messages(prompt)
-            except SpecError as e:
-                raise SpecError(f"{where}: {e}") from None
-        temperature, category = item.get("temperature", 0.0), item.get("category", "custom")
-        if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-                or not (temperature == 0 or 1 / SAMPLING_LIMIT <= temperature < 100)):
-            raise SpecError(f"{where}: \"temperature\" must be 0 or a number from {1 / SAMPLING_LIMIT:g} to 100, "
-                            f"got {temperature!r}")
-        if not isinstance(category, str):
-            raise SpecError(f"{where}: \"category\" must be text, got {category!r}")
-        categories.setdefault(category, (float(temperature), []))[1].append(prompt)
-    if not categories:
-        raise SpecError(f"{prompts_file} holds no prompts")
-    return categories
 
 
 def run_bench(plain: Engine, drafters: list[str], categories: dict, max_tokens: int, reps: int, on_run=None,

@@ -254,7 +254,8 @@ train_mtp = train_drafter  # train-mtp is train-drafter --kind mtp (its argument
 
 
 def bench(args) -> int:
-    from .bench import load_prompts, run_bench, svg_chart, table
+    from .bench import run_bench, svg_chart, table
+    from .prompts import load_prompts
     from .files import check_writable
     from .loading import DEMO, load
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,6 +19,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .errors import SpecError
+from .files import staging
 from .loading import read_config, resolve
 from .models import load_weights, read_safetensors
 from .models.dflash import block_kind, load_block_drafter, quantize as quantize_block_drafter
@@ -150,26 +149,6 @@ def convert(hf_path: str, mlx_path: str, quantize: bool = False, q_bits: int = 4
             print(f"[INFO] Kept the MTP layer in {MTP_FILE}")
         staged.rename(out)
     return out
-
-
-@contextmanager
-def staging(out: Path, what: str):
-    """A hidden work folder beside `out`, removed whatever happens, so that a failure leaves nothing
-    half-written; any failure other than a SpecError becomes one (`what` failed ...)."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    except OSError as e:
-        raise SpecError(f"cannot write in the folder {out.parent} for --mlx-path ({e.strerror}): choose another "
-                        "--mlx-path") from None
-    try:
-        yield work
-    except SpecError:
-        raise
-    except Exception as e:
-        raise SpecError(f"{what} failed ({type(e).__name__}: {e}); nothing was written") from None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def write_converted(module, config: dict, out: Path, dtype: str | None, quantize, q_bits: int, q_group_size: int,

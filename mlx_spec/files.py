@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import SpecError
@@ -53,3 +55,23 @@ def check_writable(path: str | Path, flag: str) -> None:
     except OSError as e:
         raise SpecError(f"{flag} {path}: no file can be made in {path.parent} ({e.strerror}); choose another "
                         "path") from None
+
+
+@contextmanager
+def staging(out: Path, what: str):
+    """A hidden work folder beside `out`, removed whatever happens, so that a failure leaves nothing
+    half-written; any failure other than a SpecError becomes one (`what` failed ...)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    except OSError as e:
+        raise SpecError(f"cannot write in the folder {out.parent} for --mlx-path ({e.strerror}): choose another "
+                        "--mlx-path") from None
+    try:
+        yield work
+    except SpecError:
+        raise
+    except Exception as e:
+        raise SpecError(f"{what} failed ({type(e).__name__}: {e}); nothing was written") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

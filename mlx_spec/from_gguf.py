@@ -319,7 +319,8 @@ def default_dtype(arch: str) -> str:
 def convert_gguf(gguf_path: str | Path, mlx_path: str | Path, quantize: bool = False, q_bits: int = 4,
                  q_group_size: int = 64, dtype: str | None = None) -> Path:
     """Convert a GGUF file (architectures llama, qwen2, qwen3, gemma3) to an MLX checkpoint directory."""
-    from .convert import convert, staging
+    from .convert import convert
+    from .files import staging
 
     path, out = Path(gguf_path).expanduser(), Path(mlx_path).expanduser()
     if out.exists():

@@ -7,13 +7,13 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from .batch import MAX_SEED
 from .engine import check_draft_len
 from .errors import SpecError
 from .events import Done
 from .generator import APIError, Job
 from .grammar import Grammar
 from .prompts import check_messages, check_tools, render_prompt
+from .sampling import MAX_SEED
 from .tool_calls import forced_calls, tool_calls_of
 
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length"}

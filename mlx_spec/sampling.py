@@ -13,6 +13,7 @@ import mlx.core as mx
 
 from .errors import SpecError
 
+MAX_SEED = 2**64  # mx.random.key takes an unsigned 64-bit seed
 LIMIT = 1e6  # sampling runs in float32: values past it (or below 1 / LIMIT) overflow into NaN distributions
 
 

@@ -381,7 +381,7 @@ def train_drafter(kind: str, model: str, data: list[str] | None, out: str, steps
               "anchors": anchors, "held_out_acceptance_per_position": acceptance,
               "held_out_accepted_per_block": {pool: float(sum(np.cumprod(a))) for pool, a in acceptance.items()},
               "data_tokens": trainer.run["data_tokens"]}
-    from .convert import staging
+    from .files import staging
 
     with staging(setup.out, f"writing the {kind} drafter") as work:
         trainer.save(work / "drafter", record)

@@ -199,7 +199,7 @@ def train(model: str, data: list[str] | None, out: str, steps: int = 2000, batch
               "draft_steps": draft_steps, "reuse": reuse, "layer_lr": layer_lr,
               "held_out_first_draft_acceptance": headline[0], "held_out_acceptance_per_position": acceptance,
               "data_tokens": trainer.run["data_tokens"]}
-    from .convert import staging
+    from .files import staging
 
     with staging(setup.out, "writing the MTP head") as work:
         save_head(trainer.head, head_config(setup.loaded.config, int(trainer.head.ids.shape[0]), record),

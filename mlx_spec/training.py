@@ -57,7 +57,7 @@ def sequences(tokenizer, files: list[Path], seq_len: int) -> np.ndarray:
 
 def read_prompts(prompts_file: str) -> list[tuple[float, str | list[dict]]]:
     """(temperature, prompt) for each line of a JSONL file of prompts, as bench reads it."""
-    from .bench import load_prompts
+    from .prompts import load_prompts
 
     return [(temperature, prompt) for temperature, items in load_prompts(None, prompts_file).values()
             for prompt in items]

@@ -8,7 +8,8 @@ from helpers import PROMPT, plain_greedy
 from test_cli import assert_one_line_error, run_cli
 
 import mlx_spec
-from mlx_spec.bench import SUITES, Run, summarise
+from mlx_spec.bench import Run, summarise
+from mlx_spec.prompts import SUITES
 from mlx_spec.stats import RoundCosts
 
 
