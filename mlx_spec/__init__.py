@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import linux_blas
+from .seams import linux_blas
 
 linux_blas.use_openblas()
 
@@ -23,21 +23,22 @@ __all__ = ["load", "generate", "stream", "render_prompt", "batch", "Engine", "En
            "SpecError", "Result", "Token", "Text", "Round", "Done", "Grammar"]
 __version__ = "0.1.0"
 
-_HOMES = {"load": "loading", "render_prompt": "prompts", "Engine": "engine", "EngineStatus": "engine",
-          "Result": "events", "Token": "events", "Text": "events", "Round": "events", "Done": "events",
-          "SamplingParams": "sampling", "SpecError": "errors", "Grammar": "grammar"}
+_HOMES = {"load": "loading", "render_prompt": "core.prompts", "Engine": "decode.engine",
+          "EngineStatus": "decode.engine", "Result": "core.events", "Token": "core.events", "Text": "core.events",
+          "Round": "core.events", "Done": "core.events", "SamplingParams": "core.sampling",
+          "SpecError": "seams.errors", "Grammar": "core.grammar"}
 
 
 def __getattr__(name: str):
     if name == "batch":
-        return importlib.import_module(".batch", __name__)
+        return importlib.import_module(".commands.batch", __name__)
     if name in _HOMES:
         return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
     raise AttributeError(f"module 'mlx_spec' has no attribute {name!r}")
 
 
 def _split(kwargs: dict):
-    from .sampling import SamplingParams
+    from .core.sampling import SamplingParams
 
     fields = SamplingParams.__dataclass_fields__
     params = SamplingParams(**{k: kwargs.pop(k) for k in list(kwargs) if k in fields})

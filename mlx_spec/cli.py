@@ -34,8 +34,8 @@ import errno  # noqa: E402
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from .arguments import SERVE_BATCH, build_parser  # noqa: E402
-from .errors import SpecError  # noqa: E402
+from .commands.arguments import SERVE_BATCH, build_parser  # noqa: E402
+from .seams.errors import SpecError  # noqa: E402
 
 FLAG_NAMES = {"temperature": "temp"}  # SamplingParams fields whose flag is named otherwise
 WRITE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
@@ -46,8 +46,8 @@ def sampling_params(args, defaults: dict | None = None):
     SamplingParams' own."""
     from dataclasses import fields
 
+    from .core.sampling import SamplingParams
     from .loading import model_entry
-    from .sampling import SamplingParams
 
     if not 0 <= args.seed < 2**64:  # what mx.random.key takes
         raise SpecError(f"--seed must be a whole number from 0 to 2**64 - 1, got {args.seed}")
@@ -85,7 +85,7 @@ def leads(args) -> bool:
     may not exist on their machine), and only follow rank 0's generations."""
     if not args.distributed:
         return True
-    from .distributed import join
+    from .seams.distributed import join
 
     return join(args.distributed).rank() == 0
 
@@ -101,7 +101,7 @@ def check_model_flags(args) -> None:
     if args.suffix_cache:
         if args.drafter != "suffix":
             raise SpecError("--suffix-cache keeps the suffix drafter's index: add --drafter suffix, or drop it")
-        from .files import check_writable
+        from .seams.files import check_writable
 
         check_writable(args.suffix_cache, "--suffix-cache")
 
@@ -111,8 +111,8 @@ def load_engine(args):
     generations it starts and exit when it is done."""
     import atexit
 
-    from . import linux_blas
     from .loading import load
+    from .seams import linux_blas
 
     engine = load(args.model, args.draft_model, args.drafter, args.num_draft, args.kv_bits, args.kv_group_size,
                   args.mtp_hidden, args.tree_width, args.distributed, args.mtp_path, args.suffix_cache)
@@ -132,8 +132,8 @@ def load_engine(args):
 
 
 def generate(args) -> int:
-    from .events import Done, Text, Token
-    from .prompts import render_prompt
+    from .core.events import Done, Text, Token
+    from .core.prompts import render_prompt
 
     params = sampling_params(args)
     try:
@@ -161,7 +161,7 @@ def generate(args) -> int:
 
 def output_grammar(args, tokenizer):
     """The grammar --json-schema, --regex or --lark asks for (None: none)."""
-    from .grammar import Grammar
+    from .core.grammar import Grammar
 
     if args.regex is not None:
         return Grammar(tokenizer, "regex", args.regex)
@@ -184,8 +184,8 @@ def output_grammar(args, tokenizer):
 
 
 def convert(args) -> int:
-    from .convert import add_mtp, convert
-    from .from_gguf import convert_gguf
+    from .commands.convert import add_mtp, convert
+    from .commands.from_gguf import convert_gguf
 
     if args.q_bits is not None and not args.quantize:
         raise SpecError(f"--q-bits {args.q_bits} applies only with -q (--quantize): add -q or drop --q-bits")
@@ -205,7 +205,7 @@ def convert(args) -> int:
 
 
 def batch(args) -> int:
-    from .batch import check_paths, run
+    from .commands.batch import check_paths, run
 
     if args.max_tokens < 1:
         raise SpecError(f"--max-tokens must be >= 1, got {args.max_tokens}")
@@ -235,13 +235,13 @@ def train_drafter(args) -> int:
                    eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
                    progress=not args.quiet, prompts=args.prompts, answer_tokens=args.answer_tokens)
     if kind == "mtp":
-        from .train_mtp import train
+        from .train.mtp import train
 
         out = train(*shared, lr=3e-3 if args.lr is None else args.lr, draft_steps=args.draft_steps,
                     reuse=args.reuse, layer_lr=args.layer_lr, **options)
         print(f"wrote the MTP head to {out}: draft with it by --mtp-path {out}", file=sys.stderr)
         return 0
-    from .train_block import train_drafter as train
+    from .train.block import train_drafter as train
 
     out = train(kind, *shared, lr=1e-3 if args.lr is None else args.lr, block_size=args.block_size,
                 layers=args.layers, target_layers=args.target_layers, anchors=args.anchors,
@@ -254,10 +254,10 @@ train_mtp = train_drafter  # train-mtp is train-drafter --kind mtp (its argument
 
 
 def bench(args) -> int:
-    from .bench import run_bench, svg_chart, table
-    from .prompts import load_prompts
-    from .files import check_writable
+    from .commands.bench import run_bench, svg_chart, table
+    from .core.prompts import load_prompts
     from .loading import DEMO, load
+    from .seams.files import check_writable
 
     if args.distributed:
         raise SpecError("bench measures one process: scripts/bench_distributed.py compares plain and speculative "
@@ -329,7 +329,7 @@ def remote_chat(args) -> int:
     """The chat on a running `mlx-spec serve`: its model and drafters, this terminal's sampling flags."""
     from dataclasses import asdict
 
-    from .client import RemoteEngine
+    from .serve.client import RemoteEngine
     from .tui.app import ChatApp
 
     given = [a.option_strings[0] for a in args.model_flags
@@ -350,7 +350,7 @@ def remote_chat(args) -> int:
 def serve(args) -> int:
     import psutil
 
-    from .server import Server, check_port, serve
+    from .serve.server import Server, check_port, serve
 
     for value, flag, least in ((args.port, "--port", 0), (args.max_tokens, "--max-tokens", 1),
                                (args.max_queue, "--max-queue", 1)):
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         print(file=sys.stderr)
         return 130
     except RuntimeError as e:  # a collective of `--distributed` ranks failed: another rank went away
-        from .distributed import lost
+        from .seams.distributed import lost
 
         if (error := lost(e)) is None:
             raise

@@ -9,30 +9,39 @@ from pathlib import Path
 
 import psutil
 
-from . import compat
-from .drafter_kinds import ASSISTANT_MAX_DRAFT_LEN, DRAFTERS, default_drafter
+from .decode.engine import Engine, check_draft_len
 from .drafters.dflash import BlockDrafter
 from .drafters.draft_model import DraftModelDrafter
 from .drafters.eagle3 import Eagle3Drafter
 from .drafters.gemma4_assistant import AssistantDrafter, shared_kv_sources
+from .drafters.kinds import ASSISTANT_MAX_DRAFT_LEN, DRAFTERS, default_drafter
 from .drafters.lookahead import LookaheadDrafter
 from .drafters.medusa import MedusaDrafter
 from .drafters.ngram import NgramDrafter
-from .drafters.suffix import SuffixDrafter, shared_index
 from .drafters.qwen_mtp import MTPDrafter
-from .distributed import Lockstep, join
-from .engine import Engine, check_draft_len
-from .errors import SpecError
-from .models import materialize
-from .models.dflash import block_kind, load_block_drafter, read_config as block_config
-from .models.eagle3 import feature_layers, is_eagle3, load_eagle3, read_config as eagle3_config
+from .drafters.suffix import SuffixDrafter, shared_index
+from .models.common import materialize
+from .models.dflash import block_kind, load_block_drafter
+from .models.dflash import read_config as block_config
+from .models.eagle3 import feature_layers, is_eagle3, load_eagle3
+from .models.eagle3 import read_config as eagle3_config
 from .models.gemma4_assistant import is_assistant, load_assistant
 from .models.medusa import is_medusa, load_medusa, medusa_shape
-from .models.mtp_head import ARCHITECTURE as MTP_HEAD, is_mtp_head, load_head
+from .models.mtp_head import ARCHITECTURE as MTP_HEAD
+from .models.mtp_head import is_mtp_head, load_head
 from .models.nextn import check_supported, declared_nextn_layers, is_nextn, load_nextn
-from .models.qwen3_5 import checkpoint_files, declared_mtp_layers, lm_head, load_mtp, text_model
-from .profiles import Profiles
-from .target import MAX_DRAFT_LEN, Target
+from .models.qwen3_5 import (
+    checkpoint_files,
+    declared_mtp_layers,
+    lm_head,
+    load_mtp,
+    text_model,
+)
+from .policy.profiles import Profiles
+from .runners.target import MAX_DRAFT_LEN, Target
+from .seams import compat
+from .seams.distributed import Lockstep, join
+from .seams.errors import SpecError
 
 REGISTRY = Path(__file__).with_name("models.toml")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "*.tiktoken")

@@ -37,8 +37,8 @@ from mlx_lm.sample_utils import make_sampler
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import code_prompts  # noqa: E402
 import real_models  # noqa: E402
-from mlx_spec.events import Round  # noqa: E402
-from mlx_spec.sampling import SamplingParams  # noqa: E402
+from mlx_spec.core.events import Round  # noqa: E402
+from mlx_spec.core.sampling import SamplingParams  # noqa: E402
 
 STDLIB_PACKAGES = ("asyncio", "email", "http", "json", "logging", "urllib", "xml")  # not site-packages
 

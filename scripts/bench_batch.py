@@ -29,9 +29,9 @@ import mlx_spec  # first, before mlx: it points MLX at the system OpenBLAS on Li
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 from mlx_lm import batch_generate  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.batched import Job  # noqa: E402
-from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.decode.batched import Job  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from timings import raw_line  # noqa: E402
 
 PROMPTS = Path(mlx_spec.__file__).parent / "demo" / "prompts.jsonl"

@@ -35,10 +35,10 @@ import mlx.core as mx  # noqa: E402
 import real_models  # noqa: E402
 from bench_batch import code_prompts  # noqa: E402
 import numpy as np  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.draft import Draft  # noqa: E402
-from mlx_spec.engine import Engine  # noqa: E402
-from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.core.draft import Draft  # noqa: E402
+from mlx_spec.decode.engine import Engine  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
 
 def collective_seconds(group, hidden: int, mode: str, reps: int = 100) -> tuple[float, str]:
     """(seconds of the collectives of one plain step, what they are), timed on one token's hidden state."""

@@ -28,7 +28,7 @@ from mlx_lm.utils import load as mlx_lm_load
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
 import tiny  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
 from timings import raw_line  # noqa: E402  (scripts/, this file's folder)
 
 PROMPT = "import os\nimport sys\n\ndef main(argv):\n    for name in argv:\n        print(name)\n"

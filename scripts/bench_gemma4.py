@@ -26,9 +26,9 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
 import tiny  # noqa: E402
 import tiny_gemma4  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import interleaved, median_ms  # noqa: E402
-from mlx_spec.sampling import SamplingParams  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.bench import interleaved, median_ms  # noqa: E402
+from mlx_spec.core.sampling import SamplingParams  # noqa: E402
 
 
 def main():

@@ -22,8 +22,8 @@ import mlx_spec  # first, before mlx: it points MLX at the system OpenBLAS on Li
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from timings import raw_lines_by_prompt, spread_cell, verdict  # noqa: E402
 
 EDITED = '''def mean(values):

@@ -40,10 +40,10 @@ import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system Op
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import real_models  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours  # noqa: E402
-from mlx_spec.events import Round, Token  # noqa: E402
-from mlx_spec.policy import UNTIMED_ROUNDS  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
+from mlx_spec.core.events import Round, Token  # noqa: E402
+from mlx_spec.policy.sequence import UNTIMED_ROUNDS  # noqa: E402
 from timings import raw_line, verdict  # noqa: E402
 
 PAIRS = {  # name: (target, drafter keyword arguments of mlx_spec.load)

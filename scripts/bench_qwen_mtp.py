@@ -30,10 +30,10 @@ import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
 import tiny  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import interleaved, median_ms  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.bench import interleaved, median_ms  # noqa: E402
 from mlx_spec.models import qwen3_5 as gdn  # noqa: E402
-from mlx_spec.target import Target  # noqa: E402
+from mlx_spec.runners.target import Target  # noqa: E402
 
 
 def ratios(cases: dict, reps: int) -> dict:

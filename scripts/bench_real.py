@@ -30,13 +30,13 @@ from mlx_lm.sample_utils import make_sampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from mlx_spec.drafters.draft_model import DraftModelDrafter  # noqa: E402
-from mlx_spec.engine import Engine  # noqa: E402
-from mlx_spec.events import Done, Token  # noqa: E402
-from mlx_spec.sampling import SamplingParams  # noqa: E402
-from mlx_spec.target import Target  # noqa: E402
+from mlx_spec.decode.engine import Engine  # noqa: E402
+from mlx_spec.core.events import Done, Token  # noqa: E402
+from mlx_spec.core.sampling import SamplingParams  # noqa: E402
+from mlx_spec.runners.target import Target  # noqa: E402
 from timings import raw_lines_by_prompt, spread_cell, verdict  # noqa: E402
 
 PROMPTS = [

@@ -24,8 +24,9 @@ import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system Op
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
-from mlx_spec import Grammar, linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec import Grammar
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from timings import raw_line  # noqa: E402
 
 STRING, INTEGER = {"type": "string"}, {"type": "integer"}

@@ -26,10 +26,10 @@ import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from mlx_spec.drafters.suffix import BUDGET, SuffixIndex  # noqa: E402
-from mlx_spec.sampling import SamplingParams  # noqa: E402
+from mlx_spec.core.sampling import SamplingParams  # noqa: E402
 
 TOOL = ("You can call one tool, `lookup`, by answering with JSON only, exactly of this form: "
         '{"tool": "lookup", "arguments": {"kind": "<weather|stock|flight|train|hotel>", "query": "<text>", '

@@ -27,8 +27,8 @@ import mlx_spec  # first, before mlx: it points MLX at the system OpenBLAS on Li
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "tests")]
 import real_models  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from timings import raw_lines_by_prompt, spread_cell, verdict  # noqa: E402
 
 REAL_PROMPTS = [

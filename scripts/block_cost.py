@@ -26,12 +26,12 @@ import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from mlx_spec.drafters.dflash import BlockDrafter  # noqa: E402
 from mlx_spec.models.dflash import BlockDrafterModel, read_config  # noqa: E402
-from mlx_spec.sampling import SamplingParams  # noqa: E402
-from mlx_spec.target import Step, Target  # noqa: E402
+from mlx_spec.core.sampling import SamplingParams  # noqa: E402
+from mlx_spec.runners.target import Step, Target  # noqa: E402
 
 ACCEPTED_LENGTHS = (2.0, 4.0, 6.0)  # E[N]: tokens per round, for the bound
 

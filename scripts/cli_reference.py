@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 def reference() -> str:
     os.environ["COLUMNS"] = "110"  # argparse wraps to the terminal: one width for everyone
-    from mlx_spec.arguments import build_parser
+    from mlx_spec.commands.arguments import build_parser
 
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

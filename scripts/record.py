@@ -27,7 +27,7 @@ RECORDS = ROOT / "docs" / "benchmarks"
 CODE = ("mlx_spec", "tui", "scripts", "pyproject.toml")
 sys.path.insert(0, str(ROOT))
 
-from mlx_spec.bench import Neighbours  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from timings import RAW  # noqa: E402  (scripts/, this file's folder)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mlx_spec.bench import spread
+from mlx_spec.commands.bench import spread
 
 RAW = "raw timings: "  # the start of a line that scripts/record.py keeps as a raw timing
 
@@ -38,7 +38,7 @@ def spread_cell(runs_by_case: Iterable[list[float]]) -> str:
 
 
 def verdict(neighbours, plain_runs_by_case: Iterable[list[float]]) -> str:
-    """Whether the machine was quiet enough to trust the figures (`mlx_spec.bench.Neighbours.verdict`), judged
+    """Whether the machine was quiet enough to trust the figures (`mlx_spec.commands.bench.Neighbours.verdict`), judged
     on the plain runs' worst spread too where a case was repeated; else saying that one repetition has none."""
     runs = repeated(plain_runs_by_case)
     if runs:

@@ -35,8 +35,8 @@ from mlx_lm.models import qwen3, qwen3_5
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tiny checkpoint builders
 import tiny  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.convert import convert  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.convert import convert  # noqa: E402
 from mlx_spec.models.qwen3_5 import MTP, load_mtp  # noqa: E402
 
 HELD_OUT_BUCKETS = 20  # 1 in 20 files is held out

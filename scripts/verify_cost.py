@@ -25,10 +25,10 @@ import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
-from mlx_spec import linux_blas  # noqa: E402
-from mlx_spec.bench import Neighbours  # noqa: E402
-from mlx_spec.ragged import RaggedBatch  # noqa: E402
-from mlx_spec.target import Target  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
+from mlx_spec.runners.ragged import RaggedBatch  # noqa: E402
+from mlx_spec.runners.target import Target  # noqa: E402
 
 
 def main() -> int:

@@ -19,10 +19,10 @@ from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.utils import load
 from safetensors.numpy import load_file, save_file
 
-from mlx_spec.drafters import Draft
-from mlx_spec.batch_policy import BatchDraftLength
-from mlx_spec.policy import AdaptiveDraftLength, FixedDraftLength
-from mlx_spec.verify import position_keys
+from mlx_spec.drafters.protocol import Draft
+from mlx_spec.policy.batch import BatchDraftLength
+from mlx_spec.policy.sequence import AdaptiveDraftLength, FixedDraftLength
+from mlx_spec.core.verify import position_keys
 from tiny import PROMPT  # noqa: F401  the tests' prompt (the Medusa test heads are trained on it)
 
 

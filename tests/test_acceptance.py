@@ -15,8 +15,8 @@ from helpers import PROMPT
 from mlx_lm.utils import load
 
 import mlx_spec
-from mlx_spec.batched import Job
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.decode.batched import Job
+from mlx_spec.core.sampling import SamplingParams
 
 SAMPLED = SamplingParams(temperature=1.0)
 

@@ -29,7 +29,7 @@ from tiny_tools import HELLO, TEMPLATE, TIMES, TOOLS, WEATHER
 
 import mlx_spec
 from mlx_lm.tool_parsers import json_tools
-from mlx_spec.tool_calls import ToolCallStream, forced_calls, tool_calls_of
+from mlx_spec.serve.tool_calls import ToolCallStream, forced_calls, tool_calls_of
 
 TEMPLATES = TEMPLATE.parent
 

@@ -100,7 +100,7 @@ def test_bench_unwritable_plot_is_refused_before_any_run(tiny, tmp_path):
 
 def interrupted(args, delay, during_output=False):
     """Run the command, send SIGINT `delay` s after the CLI module installed its Ctrl+C handler (or after the first
-    output) -> (status, stderr). `-X importtime` tells: cli.py imports mlx_spec.errors right after installing it.
+    output) -> (status, stderr). `-X importtime` tells: cli.py imports mlx_spec.seams.errors right after installing it.
     (Before that, Python's own start-up and `import mlx_spec` run: see test_ctrl_c_before_and_after_main.)"""
     proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "mlx_spec.cli", *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_ctrl_c)
@@ -109,7 +109,7 @@ def interrupted(args, delay, during_output=False):
     def drain():
         for line in proc.stderr:
             lines.append(line.decode(errors="replace"))
-            if line.rstrip().endswith(b"| mlx_spec.errors"):
+            if line.rstrip().endswith(b"| mlx_spec.seams.errors"):
                 imported.set()
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
@@ -350,9 +350,9 @@ def test_batch_files(tiny, tmp_path, capsys, case):
 
 
 def test_outputs_without_write_permission_are_refused_before_loading(tiny, tmp_path, capsys, monkeypatch):
-    import mlx_spec.files
+    import mlx_spec.seams.files
 
-    monkeypatch.setattr(mlx_spec.files.os, "access", lambda path, mode: False)  # as if not root, on a read-only place
+    monkeypatch.setattr(mlx_spec.seams.files.os, "access", lambda path, mode: False)  # as if not root, on a read-only place
     requests = batch_file(tmp_path / "in.jsonl", {"id": "a", "prompt": "x"})
     for argv in (["batch", requests, "-o", tmp_path / "out.jsonl"], ["bench", "--json", tmp_path / "r.json"]):
         status, err, _ = run_main(capsys, *argv, "--model", tiny["qwen3"])

@@ -10,7 +10,7 @@ import time
 from helpers import loaded, plain_greedy
 from test_cli import run_cli
 
-from mlx_spec.prompts import render_prompt
+from mlx_spec.core.prompts import render_prompt
 
 
 def write_requests(path, n):

@@ -15,13 +15,13 @@ from test_gemma4 import PENALTY, with_centroid_head
 from test_sampling import assert_follows, exact_sequences, prompt_where_drafts_pass
 
 import mlx_spec
-from mlx_spec.batched import BatchedDecoder, Job, Row, together
+from mlx_spec.decode.batched import BatchedDecoder, Job, Row, together
 from mlx_spec.drafters.qwen_mtp import PROMPT_ROWS
-from mlx_spec.errors import SpecError
+from mlx_spec.seams.errors import SpecError
 from mlx_spec.loading import DEMO
-from mlx_spec.policy import FixedDraftLength
-from mlx_spec.ragged import RaggedBatch
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.policy.sequence import FixedDraftLength
+from mlx_spec.runners.ragged import RaggedBatch
+from mlx_spec.core.sampling import SamplingParams
 
 TEXTS = ["def add(a, b):", PROMPT, "class Stack:\n    def push(self, item):", "for i in range(10):\n    print(i)\n" * 3,
          "import os\nimport sys\n", "x"]

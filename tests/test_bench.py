@@ -8,9 +8,9 @@ from helpers import PROMPT, plain_greedy
 from test_cli import assert_one_line_error, run_cli
 
 import mlx_spec
-from mlx_spec.bench import Run, summarise
-from mlx_spec.prompts import SUITES
-from mlx_spec.stats import RoundCosts
+from mlx_spec.commands.bench import Run, summarise
+from mlx_spec.core.prompts import SUITES
+from mlx_spec.core.stats import RoundCosts
 
 
 def test_bench_runs_and_reports(tiny, tmp_path):
@@ -73,7 +73,7 @@ def test_bad_prompts_file_is_refused(tiny, tmp_path):
 
 
 def test_chart_legend_fits_the_canvas():
-    from mlx_spec.bench import svg_chart
+    from mlx_spec.commands.bench import svg_chart
 
     contenders = ["plain", "mtp", "draft-model", "ngram"]
     report = summarise([Run("code", n, 10.0 + i, 0.5, 1.5) for i, n in enumerate(contenders)], contenders)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mlx_spec import linux_blas
+from mlx_spec.seams import linux_blas
 
 pytestmark = pytest.mark.skipif(not linux_blas.bundles_reference_blas(), reason="MLX here has no bundled reference BLAS")
 

@@ -8,10 +8,10 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 from mlx_lm.utils import load
 
-from mlx_spec.caches import rollback
-from mlx_spec.compat import write_index
-from mlx_spec.errors import SpecError
-from mlx_spec.target import MAX_DRAFT_LEN, Target
+from mlx_spec.seams.caches import rollback
+from mlx_spec.seams.compat import write_index
+from mlx_spec.seams.errors import SpecError
+from mlx_spec.runners.target import MAX_DRAFT_LEN, Target
 
 
 @pytest.mark.parametrize("family,kv_bits", [("gemma3", None), ("qwen3", None), ("llama", 8), ("qwen3_5", None)])

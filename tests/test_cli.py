@@ -105,7 +105,7 @@ def test_help_loads_neither_mlx_nor_mlx_lm():
 def test_not_enough_memory_for_the_draft_is_refused(tiny, monkeypatch):
     import psutil
 
-    from mlx_spec.errors import SpecError
+    from mlx_spec.seams.errors import SpecError
 
     target_bytes = (tiny["qwen3"] / "model.safetensors").stat().st_size
     real = psutil.virtual_memory()

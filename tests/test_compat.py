@@ -5,8 +5,8 @@ import pytest
 from mlx_lm.models import cache as mlx_lm_cache
 from mlx_lm.models import qwen3_5
 
-from mlx_spec import compat
-from mlx_spec.errors import SpecError
+from mlx_spec.seams import compat
+from mlx_spec.seams.errors import SpecError
 
 
 def test_the_installed_mlx_lm_passes():

@@ -10,7 +10,7 @@ from safetensors.numpy import load_file, save_file
 from test_cli import assert_one_line_error, run_cli
 
 import mlx_spec
-from mlx_spec.convert import mtp_shards
+from mlx_spec.commands.convert import mtp_shards
 
 
 def drafted_with_mtp(path, **sampling) -> tuple[list[int], int, int]:

@@ -18,8 +18,8 @@ from helpers import (KEY, PROMPT, assert_one_line_error, default_ctrl_c, free_po
                      run_cli)
 
 import mlx_spec
-from mlx_spec.prompts import render_prompt
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.core.prompts import render_prompt
+from mlx_spec.core.sampling import SamplingParams
 
 LAUNCHER = Path(sys.executable).parent / "mlx.launch"  # installed with mlx, next to this interpreter
 
@@ -192,7 +192,7 @@ def test_tensor_parallel_qwen3_with_a_draft_model_serves_a_client(tiny, tmp_path
 PIN_AND_STOP_MIDWAY = """
 import json, sys
 import mlx_spec
-from mlx_spec.events import Done, Round
+from mlx_spec.core.events import Done, Round
 engine = mlx_spec.load(sys.argv[1], sys.argv[2], "draft-model", draft_len=3, distributed="tensor")
 if not engine.lockstep.leader:
     sys.exit(engine.lockstep.follow(engine))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_spec.arguments import build_parser
+from mlx_spec.commands.arguments import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 
 import mlx_spec
 from mlx_spec.models.eagle3 import load_eagle3
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.core.sampling import SamplingParams
 
 
 def test_head_matches_a_numpy_transcription(tiny):

@@ -13,7 +13,7 @@ from reference_eagle3 import NumpyEagle3
 from safetensors.numpy import load_file, save_file
 
 import mlx_spec
-from mlx_spec.errors import SpecError
+from mlx_spec.seams.errors import SpecError
 from mlx_spec.models.eagle3 import load_eagle3
 
 HIDDEN, VOCAB, DRAFT_VOCAB = 32, 96, 48

@@ -14,11 +14,11 @@ from mlx_lm.utils import load
 from safetensors.numpy import load_file, save_file
 
 import mlx_spec
-from mlx_spec.convert import convert
-from mlx_spec.errors import SpecError
+from mlx_spec.commands.convert import convert
+from mlx_spec.seams.errors import SpecError
 from mlx_spec.models.gemma4_assistant import load_assistant
-from mlx_spec.sampling import SamplingParams
-from mlx_spec.target import Target
+from mlx_spec.core.sampling import SamplingParams
+from mlx_spec.runners.target import Target
 
 # --- an independent NumPy transcription of the assistant's equations, from the raw HF tensors -------------
 

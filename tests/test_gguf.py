@@ -18,8 +18,8 @@ from helpers import PROMPT, plain_greedy
 from safetensors.numpy import load_file, save_file
 
 import mlx_spec
-from mlx_spec.errors import SpecError
-from mlx_spec.from_gguf import convert_gguf
+from mlx_spec.seams.errors import SpecError
+from mlx_spec.commands.from_gguf import convert_gguf
 
 ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
         "gemma3": gguf.MODEL_ARCH.GEMMA3}

@@ -1,4 +1,4 @@
-"""Constrained output under speculation (mlx_spec.grammar): greedy output equals plain constrained decoding, the
+"""Constrained output under speculation (mlx_spec.core.grammar): greedy output equals plain constrained decoding, the
 reference being mlx-lm's own `generate_step` with a logits processor that masks each step by an llguidance
 matcher fed what was generated, for chains, trees, block drafters and a hybrid target; sampled output follows
 the masked target distribution (chi-square against the exact probabilities of every allowed sequence)."""
@@ -18,9 +18,9 @@ from scipy.stats import chisquare
 from test_sampling import prompt_where_drafts_pass
 
 import mlx_spec
-from mlx_spec.batched import Job
-from mlx_spec.errors import SpecError
-from mlx_spec.grammar import Grammar
+from mlx_spec.decode.batched import Job
+from mlx_spec.seams.errors import SpecError
+from mlx_spec.core.grammar import Grammar
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "age": {"type": "integer"}, "tags": {"type": "array", "maxItems": 2,

@@ -8,9 +8,9 @@ import json
 from helpers import PROMPT, plain_greedy
 
 import mlx_spec
-from mlx_spec.batched import BatchedDecoder, Job
+from mlx_spec.decode.batched import BatchedDecoder, Job
 from mlx_spec.drafters.ngram import NgramDrafter
-from mlx_spec.policy import AdaptiveDraftLength
+from mlx_spec.policy.sequence import AdaptiveDraftLength
 
 
 def lone_batch(engine, ids: list[int], max_tokens: int) -> mlx_spec.Done:

@@ -9,9 +9,9 @@ from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
 
 import mlx_spec
 from mlx_spec.drafters.lookahead import LookaheadDrafter
-from mlx_spec.sampling import SamplingParams
-from mlx_spec.target import MAX_DRAFT_LEN, Step
-from mlx_spec.verify import position_keys, verify_tree
+from mlx_spec.core.sampling import SamplingParams
+from mlx_spec.runners.target import MAX_DRAFT_LEN, Step
+from mlx_spec.core.verify import position_keys, verify_tree
 
 REPEATED = "def f(x):\n    return x\n" * 4
 

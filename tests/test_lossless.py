@@ -7,9 +7,9 @@ from mlx_lm.models.cache import QuantizedKVCache
 from test_demo import CODE as DEMO_CODE
 
 import mlx_spec
-from mlx_spec.engine import Engine
+from mlx_spec.decode.engine import Engine
 from mlx_spec.loading import DEMO
-from mlx_spec.target import Target
+from mlx_spec.runners.target import Target
 
 FAMILIES = ["qwen3", "llama", "gemma3", "qwen3_5"]  # qwen3_5: hybrid Gated DeltaNet + attention
 MAX_TOKENS = 160  # ten times the Gemma sliding window (16)

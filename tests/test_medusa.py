@@ -10,7 +10,7 @@ from safetensors.numpy import load_file
 import mlx.core as mx
 import mlx_spec
 from mlx_spec.models.medusa import WEIGHTS, load_medusa
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.core.sampling import SamplingParams
 
 
 def test_heads_match_a_numpy_transcription(tiny):

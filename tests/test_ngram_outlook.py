@@ -9,8 +9,8 @@ from helpers import PROMPT, ModelledCostPolicy, plain_greedy
 
 import mlx_spec
 from mlx_spec.drafters.ngram import MATCH_CLASSES, NgramDrafter, match_class
-from mlx_spec.policy import AdaptiveDraftLength
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.policy.sequence import AdaptiveDraftLength
+from mlx_spec.core.sampling import SamplingParams
 
 
 def text_with_copies(seed: int) -> tuple[list[int], list[int]]:

@@ -8,12 +8,12 @@ import pytest
 from helpers import PROMPT, CorruptedOracleDrafter, ModelledCostPolicy, plain_greedy
 
 import mlx_spec
-from mlx_spec.drafters import Draft
-from mlx_spec.engine import Engine
-from mlx_spec.batched import BatchedDecoder, Job
-from mlx_spec.batch_policy import BatchDraftLength
-from mlx_spec.policy import AdaptiveDraftLength, FixedDraftLength, depth_band
-from mlx_spec.target import Target
+from mlx_spec.drafters.protocol import Draft
+from mlx_spec.decode.engine import Engine
+from mlx_spec.decode.batched import BatchedDecoder, Job
+from mlx_spec.policy.batch import BatchDraftLength
+from mlx_spec.policy.sequence import AdaptiveDraftLength, FixedDraftLength, depth_band
+from mlx_spec.runners.target import Target
 
 
 def run_rounds(policy, rounds, acceptance_of, plain=1.0, per_draft=0.08):

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from mlx_spec.drafter_kinds import DRAFTERS
+from mlx_spec.drafters.kinds import DRAFTERS
 from mlx_spec.drafters.ngram import NgramDrafter
-from mlx_spec.engine import UNTIMED_ROUNDS
-from mlx_spec.policy import AdaptiveDraftLength
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.decode.engine import UNTIMED_ROUNDS
+from mlx_spec.policy.sequence import AdaptiveDraftLength
+from mlx_spec.core.sampling import SamplingParams
 
 TRACES = sorted((Path(__file__).parent / "traces").glob("*.json"))
 PINNED = range(1, 9)  # the lengths the best pinned is chosen from, those of them a trace recorded (`--pinned`)

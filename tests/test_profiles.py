@@ -1,4 +1,4 @@
-"""The adaptive policy's profile kept between runs (mlx_spec/profiles.py): a command starts from what the last one
+"""The adaptive policy's profile kept between runs (mlx_spec/policy/profiles.py): a command starts from what the last one
 with the same target and drafter learnt on this machine, and nothing else changes what it outputs."""
 
 import json
@@ -81,6 +81,6 @@ def test_a_profile_that_cannot_be_written_is_said_once_and_the_run_goes_on(tiny,
 
 @pytest.mark.parametrize("broken", [{"plain_time": 1.0, "shapes": {"1": {"acceptance": "x"}}}, {"shapes": 3}, []])
 def test_a_profile_of_the_wrong_shape_starts_the_policy_from_nothing(broken):
-    from mlx_spec.policy import AdaptiveDraftLength
+    from mlx_spec.policy.sequence import AdaptiveDraftLength
     policy = AdaptiveDraftLength(4, profile=broken)
     assert policy.plain_time is None and policy.explain()[1:] == ["still measuring: a plain step, then a draft"]

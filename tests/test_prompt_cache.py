@@ -11,9 +11,9 @@ from helpers import KEY, PROMPT, chat_ids, loaded, mlx_lm_text, plain_greedy, st
 from test_server import client
 
 import mlx_spec
-from mlx_spec.batched import Job
-from mlx_spec.ragged import RaggedBatch
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.decode.batched import Job
+from mlx_spec.runners.ragged import RaggedBatch
+from mlx_spec.core.sampling import SamplingParams
 
 OPENINGS = [PROMPT, "class Stack(object):\n", "def main():\n    x = 1\n", "import re\n", "x = [1, 2]\n",
             "def f(a, b):\n", "# notes\n", "for i in range(3):\n"]

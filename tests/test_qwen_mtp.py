@@ -12,10 +12,10 @@ from safetensors.numpy import load_file
 import mlx_spec
 from mlx_spec.drafters.qwen_mtp import PROMPT_ROWS
 from mlx_spec.loading import DEMO
-from mlx_spec.errors import SpecError
+from mlx_spec.seams.errors import SpecError
 from mlx_spec.models.qwen3_5 import lm_head, text_model
-from mlx_spec.sampling import SamplingParams
-from mlx_spec.target import Target
+from mlx_spec.core.sampling import SamplingParams
+from mlx_spec.runners.target import Target
 
 # --- an independent NumPy transcription of the Qwen3.5 MTP equations, from the raw HF tensors --------------
 
@@ -164,7 +164,7 @@ def test_stripped_checkpoint_is_named_with_the_repair_command(tiny, tmp_path):
 def test_moe_variants_are_lossless_with_mtp_and_with_rollback(tiny, family):
     from helpers import CorruptedOracleDrafter
 
-    from mlx_spec.engine import Engine
+    from mlx_spec.decode.engine import Engine
 
     engine = mlx_spec.load(str(tiny[f"{family}-fitted-mtp"]), draft_len=3)
     assert engine.drafter.name == "mtp" and type(engine.drafter.mtp.layers[0].mlp).__name__ == "Qwen3NextSparseMoeBlock"

@@ -11,10 +11,10 @@ from mlx_lm.utils import load
 from scipy.stats import chisquare
 
 import mlx_spec
-from mlx_spec.errors import SpecError
-from mlx_spec.batched import BatchedDecoder, Job
-from mlx_spec.sampling import SamplingParams, distributions
-from mlx_spec.target import Step
+from mlx_spec.seams.errors import SpecError
+from mlx_spec.decode.batched import BatchedDecoder, Job
+from mlx_spec.core.sampling import SamplingParams, distributions
+from mlx_spec.runners.target import Step
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p,min_p",

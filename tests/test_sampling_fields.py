@@ -8,8 +8,8 @@ import pytest
 from helpers import PROMPT, plain_decoded
 
 import mlx_spec
-from mlx_spec.batched import Job
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.decode.batched import Job
+from mlx_spec.core.sampling import SamplingParams
 
 ROWS = [  # (text, the row's fields, the same without the field under test): greedy rows
     ("import os\nimport sys\n" * 2, {"repetition_penalty": 1.3}, {}),

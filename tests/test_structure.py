@@ -1,5 +1,6 @@
-"""The shape of the house: no module imports another that imports it back (lazy imports in functions count),
-the seam to mlx-lm imports nothing of ours but the error type, and no file grows past ~500 lines."""
+"""The shape of the house: the wings stand in order (no module imports one of a higher wing, nor of a sibling),
+no module imports another that imports it back (lazy imports in functions count), the seam to mlx-lm imports
+nothing of ours but the error type, and no file grows past ~500 lines."""
 
 import ast
 from pathlib import Path
@@ -7,6 +8,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"mlx_spec": ROOT / "mlx_spec", "mlx_spec.tui": ROOT / "tui"}  # tui/ installs as mlx_spec.tui
 MAX_LINES = 500
+# mlx_spec's wings, lowest first; a module imports only from its own wing and the wings below it (the wings on
+# one floor, a tuple, not from each other)
+FLOORS = ["seams", "core", "policy", "models", "runners", "drafters", "decode", "loading", ("serve", "train", "commands"),
+          "tui", "cli"]
 
 
 def modules() -> dict[str, Path]:
@@ -59,7 +64,38 @@ def cycle(edges: dict[str, set[str]]) -> list[str] | None:
 def test_the_checker_sees_a_cycle_and_the_package_graph():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     edges = graph()
-    assert "mlx_spec.events" in edges["mlx_spec.batched"] and "mlx_spec.batched" in edges["mlx_spec.engine"]
+    assert "mlx_spec.core.events" in edges["mlx_spec.decode.batched"] and "mlx_spec.decode.batched" in edges["mlx_spec.decode.engine"]
+
+
+def wing(module: str) -> str | None:
+    """A module's wing (None: the package's face, `mlx_spec` itself)."""
+    return module.split(".")[1] if "." in module else None
+
+
+def floor(name: str) -> int:
+    return next(i for i, f in enumerate(FLOORS) if name == f or isinstance(f, tuple) and name in f)
+
+
+def upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports that reach a higher wing or a sibling on the same floor."""
+    return sorted((a, b) for a, targets in edges.items() for b in targets
+                  if wing(a) and wing(b) and wing(a) != wing(b) and floor(wing(b)) >= floor(wing(a)))
+
+
+def test_the_wings_stand_in_order():
+    edges = graph()
+    assert {wing(m) for m in edges} - {None} == {w for f in FLOORS for w in ([f] if isinstance(f, str) else f)}
+    assert upward({"mlx_spec.core.a": {"mlx_spec.seams.b"}, "mlx_spec.seams.b": {"mlx_spec.core.a"},
+                   "mlx_spec.serve.c": {"mlx_spec.train.d", "mlx_spec.decode.e"}}) == [
+        ("mlx_spec.seams.b", "mlx_spec.core.a"), ("mlx_spec.serve.c", "mlx_spec.train.d")]
+    assert upward(edges) == []
+
+
+def test_the_wings_have_empty_faces():
+    """A wing's `__init__.py` holds nothing: importing one never loads what its modules load (MLX above all)."""
+    faces = [ROOT / "mlx_spec" / (f if isinstance(f, str) else w) / "__init__.py"
+             for f in FLOORS for w in ([f] if isinstance(f, str) else f)]
+    assert [p for p in faces if p.exists() and p.read_text().strip()] == []
 
 
 def test_no_module_imports_itself_back():
@@ -67,7 +103,7 @@ def test_no_module_imports_itself_back():
 
 
 def test_the_mlx_lm_seam_stands_on_the_ground():
-    assert graph()["mlx_spec.compat"] <= {"mlx_spec.errors"}
+    assert graph()["mlx_spec.seams.compat"] <= {"mlx_spec.seams.errors"}
 
 
 def test_no_file_grows_past_the_limit():

@@ -15,8 +15,8 @@ import mlx.core as mx
 import mlx_spec
 from mlx_spec.drafters.suffix import (KEY, MAX_MATCH, MIN_PROBABILITY, SuffixDrafter, SuffixIndex, best_paths,
                                       continuations)
-from mlx_spec.sampling import SamplingParams
-from mlx_spec.target import Step
+from mlx_spec.core.sampling import SamplingParams
+from mlx_spec.runners.target import Step
 
 
 def brute_force(sequences: list[list[int]], context: list[int]) -> tuple[int, Counter]:

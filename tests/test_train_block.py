@@ -23,7 +23,7 @@ from tiny_heads import greedy_continuations
 import mlx_spec
 from mlx_spec.loading import load_target
 from mlx_spec.models.dflash import load_block_drafter
-from mlx_spec.train_block import BlockTrainer, drafter_config
+from mlx_spec.train.block import BlockTrainer, drafter_config
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
@@ -188,7 +188,7 @@ def test_train_drafter_refusals(tiny, tmp_path, prompts):
 
 def test_stored_features_serve_only_the_run_they_were_computed_for(tmp_path):
     """Features of other rows (or another target) in the same folder are computed afresh, not reused."""
-    from mlx_spec.train_block import FeatureStore
+    from mlx_spec.train.block import FeatureStore
 
     computed = []
 

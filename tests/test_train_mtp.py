@@ -15,11 +15,11 @@ from tiny import HEAD_TEXTS, corpus_text
 from tiny_heads import greedy_continuations
 
 import mlx_spec
-from mlx_spec.caches import make_caches
+from mlx_spec.seams.caches import make_caches
 from mlx_spec.loading import load_target
-from mlx_spec.prompts import render_prompt
-from mlx_spec.train_mtp import Trainer
-from mlx_spec.training import answer_rows, read_prompts
+from mlx_spec.core.prompts import render_prompt
+from mlx_spec.train.mtp import Trainer
+from mlx_spec.train.common import answer_rows, read_prompts
 
 
 @pytest.mark.parametrize("draft_steps,reuse,layer_lr", [(1, 1, 0.1), (2, 3, 0.0)])

@@ -9,11 +9,11 @@ import pytest
 from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
 
 import mlx_spec
-from mlx_spec.draft import Draft
-from mlx_spec.engine import Engine
-from mlx_spec.sampling import SamplingParams, distributions
-from mlx_spec.target import Target
-from mlx_spec.verify import position_keys, verify_tree
+from mlx_spec.core.draft import Draft
+from mlx_spec.decode.engine import Engine
+from mlx_spec.core.sampling import SamplingParams, distributions
+from mlx_spec.runners.target import Target
+from mlx_spec.core.verify import position_keys, verify_tree
 
 MAX_TOKENS = 120
 
@@ -218,7 +218,7 @@ def test_the_sliding_window_tree_mask_is_the_brute_force_one():
     """After wraps and rollbacks, a tree's mask over a sliding-window cache: node i at position q_i sees a
     cached key at position p iff q_i - window < p, and a node at p iff it is an ancestor (or itself) with
     q_i - window < p; checked as mlx-lm lays the keys out for a multi-token update."""
-    from mlx_spec.caches import TreeRotatingKVCache, rollback, tree_forward
+    from mlx_spec.seams.caches import TreeRotatingKVCache, rollback, tree_forward
 
     window, slack = 6, 5
     cache = TreeRotatingKVCache(max_size=window + slack)

@@ -13,10 +13,10 @@ from helpers import KEY, assert_one_line_error, free_port, run_cli, start_server
 from tiny_block import random_block_drafter
 
 import mlx_spec
-from mlx_spec.client import RemoteEngine
-from mlx_spec.events import Round
-from mlx_spec.memory import classify_pressure, parse_psi
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.serve.client import RemoteEngine
+from mlx_spec.core.events import Round
+from mlx_spec.seams.memory import classify_pressure, parse_psi
+from mlx_spec.core.sampling import SamplingParams
 from mlx_spec.tui.app import ChatApp
 from mlx_spec.tui.widgets.message import MessageView
 

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 
 import mlx_spec
-from mlx_spec.memory import MemoryReport
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.seams.memory import MemoryReport
+from mlx_spec.core.sampling import SamplingParams
 from mlx_spec.tui.app import ChatApp
 
 MIB = 2**20

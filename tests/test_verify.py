@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from mlx_spec.sampling import SamplingParams, distributions
-from mlx_spec.verify import position_keys, verify
+from mlx_spec.core.sampling import SamplingParams, distributions
+from mlx_spec.core.verify import position_keys, verify
 
 V = 8
 N = 6000

@@ -126,8 +126,8 @@ def build_eagle3(out_dir: str | Path, target_dir: str | Path, texts: list[str], 
     from mlx_lm.utils import load_model, load_tokenizer
     from safetensors.numpy import save_file
 
-    from mlx_spec import compat
-    from mlx_spec.caches import TreeKVCache, tree_forward
+    from mlx_spec.seams import compat
+    from mlx_spec.seams.caches import TreeKVCache, tree_forward
     from mlx_spec.models.eagle3 import Eagle3, feature_layers as default_layers, read_config
 
     mx.random.seed(seed)
@@ -188,7 +188,7 @@ def build_mtp_head(out_dir: str | Path, target_dir: str | Path, texts: list[str]
     greedy continuations of `texts`, as token ids (a random model's text does not tokenize back to its ids)."""
     from mlx_spec.loading import load_target
     from mlx_spec.models.mtp_head import head_config, save_head
-    from mlx_spec.train_mtp import Trainer
+    from mlx_spec.train.mtp import Trainer
 
     target = load_target(str(target_dir))
     sequences = greedy_continuations(target.model, target.tokenizer, texts, tokens=120)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from textual.app import App
 
-from mlx_spec import memory
-from mlx_spec.engine import Engine
-from mlx_spec.sampling import SamplingParams
+from mlx_spec.core.sampling import SamplingParams
+from mlx_spec.decode.engine import Engine
+from mlx_spec.seams import memory
 
 from .screens.chat import ChatScreen
 

@@ -20,12 +20,12 @@ from heapq import heappop, heappush
 
 import mlx.core as mx
 
-from .. import compat
-from ..caches import restore, snapshot
+from ..core.sampling import SamplingParams
 from ..models.dflash import BlockDrafterModel
-from ..sampling import SamplingParams
-from ..target import PREFILL_CHUNK, Step
-from . import Draft, RowDrafters, draft_autoregressively
+from ..runners.target import PREFILL_CHUNK, Step
+from ..seams import compat
+from ..seams.caches import restore, snapshot
+from .protocol import Draft, RowDrafters, draft_autoregressively
 
 
 def best_first_tree(logits: mx.array, budget: int) -> Draft:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..prompt_cache import common_prefix
-from ..ragged import RaggedBatch
-from ..sampling import SamplingParams
-from ..target import Step, Target
-from . import Draft, draft_autoregressively, draft_batch, grow_tree
+from ..core.sampling import SamplingParams
+from ..runners.prompt_cache import common_prefix
+from ..runners.ragged import RaggedBatch
+from ..runners.target import Step, Target
+from .protocol import Draft, draft_autoregressively, draft_batch, grow_tree
 
 
 class DraftModelDrafter:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .. import compat
-from ..caches import tree_forward
+from ..core.sampling import SamplingParams
 from ..models.eagle3 import Eagle3
-from ..sampling import SamplingParams
-from . import Draft, grow_tree
+from ..seams import compat
+from ..seams.caches import tree_forward
+from .protocol import Draft, grow_tree
 from .qwen_mtp import MTPDrafter
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..caches import visible_kv
+from ..core.sampling import SamplingParams
 from ..models.gemma4_assistant import Gemma4Assistant
-from ..sampling import SamplingParams
-from ..target import Step, Target
-from . import Draft, LastHiddenRows, draft_autoregressively, draft_batch
+from ..runners.target import Step, Target
+from ..seams.caches import visible_kv
+from .protocol import Draft, LastHiddenRows, draft_autoregressively, draft_batch
 
 
 def text_model(target_model):

@@ -17,9 +17,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..sampling import SamplingParams
-from ..target import MAX_DRAFT_LEN, Step
-from . import Draft
+from ..core.sampling import SamplingParams
+from ..runners.target import MAX_DRAFT_LEN, Step
+from .protocol import Draft
 
 PROMPT_NGRAM = 8  # tokens after the first of the prompt's n-grams in the pool (a round uses its draft length)
 

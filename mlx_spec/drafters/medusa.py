@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..core.sampling import SamplingParams
 from ..models.medusa import MedusaHeads
-from ..sampling import SamplingParams
-from ..target import Step
-from . import Draft, LastHiddenRows
+from ..runners.target import Step
+from .protocol import Draft, LastHiddenRows
 
 
 class MedusaDrafter:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..sampling import SamplingParams
-from ..target import Step
-from . import Draft, RowDrafters
+from ..core.sampling import SamplingParams
+from ..runners.target import Step
+from .protocol import Draft, RowDrafters
 
 MATCH_CLASSES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # a draft's class: the longest of these its match reaches
 PRIOR = (0.3, 2.0)  # each class's acceptance before any verdict, and the verdicts it counts for

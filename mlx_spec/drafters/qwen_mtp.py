@@ -15,11 +15,11 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..caches import make_caches, restore, rollback, snapshot
-from ..ragged import RaggedBatch
-from ..sampling import SamplingParams
-from ..target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
-from . import Draft, draft_autoregressively, draft_batch
+from ..core.sampling import SamplingParams
+from ..runners.ragged import RaggedBatch
+from ..runners.target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
+from ..seams.caches import make_caches, restore, rollback, snapshot
+from .protocol import Draft, draft_autoregressively, draft_batch
 
 # The prompt positions the layer gets rows for: its last 16. Their hidden states make the target's last layer
 # run in full where they are read (the cache alone skips its attention output and MLP): 29% of the demo's 4-layer

@@ -28,13 +28,12 @@ from collections import Counter, OrderedDict
 from heapq import heappop, heappush
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 
-import mlx.core as mx
-
-from ..sampling import SamplingParams
-from ..target import Step
-from . import Draft, RowDrafters
+from ..core.sampling import SamplingParams
+from ..runners.target import Step
+from .protocol import Draft, RowDrafters
 
 KEY = 3  # the lookup keys: the last 1 .. KEY tokens
 MAX_MATCH = 32  # the longest suffix matched

@@ -41,10 +41,16 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import compat
-from ..caches import rollback
-from ..errors import SpecError
-from . import load_exactly, read_safetensors, rope_settings, target_rows, to_target_vocabulary
+from ..seams import compat
+from ..seams.caches import rollback
+from ..seams.errors import SpecError
+from .common import (
+    load_exactly,
+    read_safetensors,
+    rope_settings,
+    target_rows,
+    to_target_vocabulary,
+)
 
 MARKERS = {  # variants recognised by their config, not read yet, and what marks them
     "DFly (per-layer fusion weights)": ("layer_fusion_weights", "hidden_correction"),

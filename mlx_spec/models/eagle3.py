@@ -30,9 +30,15 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from .. import compat
-from ..errors import SpecError
-from . import load_exactly, read_safetensors, rope_settings, target_rows, to_target_vocabulary
+from ..seams import compat
+from ..seams.errors import SpecError
+from .common import (
+    load_exactly,
+    read_safetensors,
+    rope_settings,
+    target_rows,
+    to_target_vocabulary,
+)
 
 HEAD_KEYS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc", "fc_norm",
              "norm_output", "eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state",

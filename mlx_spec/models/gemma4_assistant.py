@@ -25,9 +25,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma4_text
 
-from ..compat import gemma4_layer
-from ..errors import SpecError
-from . import load_exactly, load_weights
+from ..seams.compat import gemma4_layer
+from ..seams.errors import SpecError
+from .common import load_exactly, load_weights
 
 MODEL_TYPE = "gemma4_assistant"
 

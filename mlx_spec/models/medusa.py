@@ -16,8 +16,8 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import SpecError
-from . import load_exactly, load_weights
+from ..seams.errors import SpecError
+from .common import load_exactly, load_weights
 
 WEIGHTS = "medusa_lm_head.safetensors"
 

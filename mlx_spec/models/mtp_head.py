@@ -21,8 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 
-from ..errors import SpecError
-from . import float_copy, load_exactly, load_weights, to_target_vocabulary
+from ..seams.errors import SpecError
+from .common import float_copy, load_exactly, load_weights, to_target_vocabulary
 
 ARCHITECTURE = "MTPHead"
 KINDS = ("llama", "mistral", "qwen2", "qwen3")  # dense targets whose layers are called (x, mask, cache)

@@ -21,9 +21,9 @@ import mlx.nn as nn
 from mlx_lm.models import deepseek_v3, glm4_moe
 from mlx_lm.models.base import create_attention_mask
 
-from .. import compat
-from ..errors import SpecError
-from . import load_exactly, load_weights
+from ..seams import compat
+from ..seams.errors import SpecError
+from .common import load_exactly, load_weights
 
 LAYERS = {"deepseek_v3": (deepseek_v3, deepseek_v3.DeepseekV3DecoderLayer),
           "glm4_moe": (glm4_moe, glm4_moe.DecoderLayer)}  # model_type -> (mlx-lm module, its decoder layer)

@@ -25,10 +25,10 @@ from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.base import create_attention_mask, gather_last_axis
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
 
-from ..caches import RecurrentCache
-from ..compat import swap_class
-from ..errors import SpecError
-from . import load_exactly, load_weights
+from ..seams.caches import RecurrentCache
+from ..seams.compat import swap_class
+from ..seams.errors import SpecError
+from .common import load_exactly, load_weights
 
 
 @mx.compile

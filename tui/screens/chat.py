@@ -21,11 +21,11 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
-from mlx_spec.engine import Engine
-from mlx_spec.events import Done, Round, Text, Token
-from mlx_spec.errors import SpecError
-from mlx_spec.sampling import SamplingParams
-from mlx_spec.stats import Stats
+from mlx_spec.core.events import Done, Round, Text, Token
+from mlx_spec.core.sampling import SamplingParams
+from mlx_spec.core.stats import Stats
+from mlx_spec.decode.engine import Engine
+from mlx_spec.seams.errors import SpecError
 
 from ..widgets.message import MessageView
 from ..widgets.stats import StatsPanel

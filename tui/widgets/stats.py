@@ -6,8 +6,8 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Sparkline, Static
 
-from mlx_spec.memory import MemoryReport
-from mlx_spec.stats import Stats
+from mlx_spec.core.stats import Stats
+from mlx_spec.seams.memory import MemoryReport
 
 MIB = 2**20
 

@@ -1,0 +1,499 @@
+"""The speculative round loop: propose -> verify on the target -> roll back -> emit.
+
+A round feeds the target `[last, *drafts]` (the last emitted token is never in the cache yet), scores all of
+them in one forward pass, keeps the accepted drafts plus one token from the target, and removes the rejected
+positions from the cache. One host synchronisation per round; everything before it is a lazy graph.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import mlx.core as mx
+
+from ..core.draft import Draft
+from ..core.events import Done, Result, Round, Text, Token, collect, emit
+from ..core.grammar import Grammar
+from ..core.prompts import prompt_text, render_prompt
+from ..core.sampling import SamplingParams, token_logprobs
+from ..core.stats import RoundCosts, Stats
+from ..core.text_stream import TextStream
+from ..core.verify import position_keys, verify_draft, verify_tree
+from ..drafters.protocol import Drafter, shape
+from ..policy.sequence import UNTIMED_ROUNDS, AdaptiveDraftLength, FixedDraftLength
+from ..runners.prompt_cache import PromptCache, RowPrefixes
+from ..runners.target import MAX_DRAFT_LEN, Interrupted, Step, Target
+from ..seams.errors import SpecError
+from .batched import BatchedDecoder, batch_problem, largest_batch
+
+CHATS = 64  # chats whose tokens an engine keeps, to encode the next turn of each exactly as it ran
+
+
+@dataclass
+class EngineStatus:
+    """What an engine is set to do, for clients to show."""
+
+    drafter: str  # the drafter's name, or "off"
+    policy: str  # the draft-length policy and its last decision
+    draft_len: int | None  # pinned drafts per round (0: drafting off), None while adaptive
+    max_draft_len: int
+    drafters: list[str]  # what `with_drafter` accepts for this target, "off" included
+    shape: str = "chain"  # what the drafter proposes: "chain", "tree of width W", or a chain and why no tree
+    next_draft_len: int | None = None  # what the next round is set to draft (the adaptive policy's latest
+    # choice; 0: drafting off), None where unknown
+    reasons: list[str] = field(default_factory=list)  # why: each length's expected speed, acceptance, costs
+
+
+def check_draft_len(n: int | None) -> None:
+    if n is not None and not (isinstance(n, int) and 0 <= n <= MAX_DRAFT_LEN):
+        raise SpecError(f"draft length must be between 0 and {MAX_DRAFT_LEN}, got {n}")
+
+
+def draft_policy(draft_len: int | None, max_draft_len: int, tree_width: int = 1, profile: dict | None = None):
+    """What `Engine.pin(draft_len)` sets: a pinned length (0: off), or None: the adaptive policy, which also
+    tries chains when the drafter drafts trees, starting from `profile` (what an earlier one learnt)."""
+    if draft_len is None:
+        return AdaptiveDraftLength(max_draft_len, widths=tuple(sorted({1, tree_width})), profile=profile)
+    return FixedDraftLength(draft_len, tree_width)
+
+
+class Engine:
+    """A target model, its tokenizer and an optional drafter. `stream` yields Token / Text / Round / Done events.
+
+    `pin` and `stop` may be called from any thread: the generating thread picks them up at the next round (a
+    pin at the next round it decides on: a plain round decides the one after it before it ends)."""
+
+    def __init__(self, target: Target, tokenizer, drafter: Drafter | None = None, draft_len: int | None = 4,
+                 max_draft_len: int = 4, sibling=None, drafters: list[str] = ("off",),
+                 context_length: int | None = None, profiles=None):
+        """draft_len: drafts per round, pinned; None lets the adaptive policy choose 0..max_draft_len.
+        sibling(drafter_name) -> Engine builds `with_drafter`'s engines on the same weights; `drafters` names
+        the choices it accepts. context_length: the positions the model was trained for (None: unknown), which a
+        prompt and its max_tokens must fit (`check_fits`). profiles: where the adaptive policy's profile is kept
+        between runs (`profiles.Profiles`; None: in this engine only)."""
+        check_draft_len(max_draft_len)
+        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.context_length = context_length
+        self.max_draft_len, self.sibling, self.drafters = max_draft_len, sibling, list(drafters)
+        self.tree_width = getattr(drafter, "width", 1)  # > 1: trees, a round's width the policy's (or chains)
+        self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
+        self.conversations: list[tuple[str, list[int]]] = []  # the last chats answered, as text and as tokens
+        self.prompt_cache: PromptCache | None = None  # sequences kept besides the live one (None: none)
+        self.stop_requested = False
+        self.grammar: Grammar | None = None  # the running generation's constraint
+        self.logprobs: int | None = None  # the running generation's: None, or how many likeliest tokens besides
+        self.round_logprobs: list = []  # the last round's, a (log p, top) for each token it emitted
+        self.profiles = profiles
+        self.learnt = profiles.read() if profiles else None  # what the adaptive policy learnt, to start the next
+        if isinstance(self.learnt, dict) and hasattr(drafter, "start_from"):  # and the drafter of its drafts
+            drafter.start_from(self.learnt.get("drafter"))
+        self.batch_policy = None  # the adaptive policy of the last batch (`_decoder`), which the next goes on with
+        self.pin(draft_len)
+        self.policy = self.next_policy
+        self.lockstep = None  # distributed.Lockstep: this engine's target is sharded across ranks kept in step
+
+    def pin(self, draft_len: int | None, tree_width: int | None = None) -> None:
+        """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose, from the next
+        round decided on; tree_width: at most the drafter's loaded width (1: chains; None: that width)."""
+        check_draft_len(draft_len)
+        width = self.tree_width if tree_width is None else tree_width
+        if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= self.tree_width:
+            raise SpecError(f"tree width must be from 1 to {self.tree_width} (the width this engine's drafter was "
+                            f"loaded with, --tree-width), got {tree_width!r}")
+        self.next_policy = draft_policy(draft_len if self.drafter else 0, self.max_draft_len, width, self.learnt)
+
+    def policy_now(self):
+        """The draft-length policy for the next round: the latest `pin`, or on distributed ranks the one they all
+        agreed on (`Lockstep.agree` hands a pin on at the end of the round it came in)."""
+        return self.lockstep.policy if self.lockstep else self.next_policy
+
+    def stop(self) -> None:
+        """End the running generation after the current round (or prefill chunk), with stop reason "stopped" and
+        its statistics (on distributed ranks after the next round: the ranks agree on it first, as on a `pin`)."""
+        self.stop_requested = True
+
+    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        """A SpecError unless a prompt of `prompt_tokens` and `max_tokens` more fit the model's context."""
+        if self.context_length and prompt_tokens + max_tokens > self.context_length:
+            raise SpecError(f"the prompt ({prompt_tokens} tokens) and max_tokens ({max_tokens}) need "
+                            f"{prompt_tokens + max_tokens} positions, more than the model's context of "
+                            f"{self.context_length}: shorten the prompt or lower max_tokens")
+
+    def status(self) -> EngineStatus:
+        policy = self.next_policy
+        return EngineStatus(self.drafter.name if self.drafter else "off", policy.note,
+                            getattr(policy, "pinned", None), self.max_draft_len, self.drafters,
+                            shape(self.drafter, self.tree_width),
+                            getattr(policy, "draft_len", None) if self.drafter else 0, policy.explain())
+
+    def cache_prompts(self, budget: int) -> None:
+        """Keep the sequences generations ran, besides the last, in at most `budget` bytes (0: none), so that a
+        prompt extending any of them runs only its new tokens (prompt_cache.py); engines made by `with_drafter`
+        afterwards share them."""
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise SpecError(f"the prompt cache's budget must be a whole number of bytes >= 0, got {budget!r}")
+        if budget and self.lockstep:
+            raise SpecError("the prompt cache is not kept across distributed ranks yet: each keeps one sequence")
+        self.prompt_cache = PromptCache(budget) if budget else None
+
+    def with_drafter(self, drafter: str) -> "Engine":
+        """Another engine on the same target weights (loaded once), drafting with `drafter` ("off": none)."""
+        if self.sibling is None:
+            raise SpecError("this engine was built without a loader: make it with mlx_spec.load to switch drafters")
+        if drafter not in self.drafters:
+            raise SpecError(f"drafter {drafter!r} is not available here: choose one of {', '.join(self.drafters)}")
+        engine = self.sibling(drafter)
+        engine.prompt_cache = self.prompt_cache  # the same weights: the same sequences serve both
+        return engine
+
+    def encode(self, prompt: str | list[int] | list[dict]) -> list[int]:
+        """Token ids: a text as it is (no chat template), ids unchanged, a chat through the chat template."""
+        return self.encode_chat(prompt)[0]
+
+    def encode_chat(self, prompt: str | list[int] | list[dict],
+                    tools: list[dict] | None = None) -> tuple[list[int], str | None]:
+        """(token ids, the rendered chat or None); a chat is rendered with the `tools` it may call. A chat that
+        extends one of the last CHATS this engine answered keeps that one's tokens exactly as they were prefilled
+        and generated (text re-encoded may split differently), so the cache serves all of them."""
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            if not prompt:
+                raise SpecError("the prompt is empty: give some text to continue")
+            return list(prompt), None
+        if isinstance(prompt, list):
+            rendered, templated = prompt_text(self.tokenizer, prompt, tools=tools)
+            said, ids = max(((said, ids) for said, ids in self.conversations if rendered.startswith(said)),
+                            key=lambda chat: len(chat[0]), default=("", []))
+            if templated and ids:
+                return ids + self.tokenizer.encode(rendered[len(said):], add_special_tokens=False), rendered
+            return render_prompt(self.tokenizer, prompt, tools=tools), rendered if templated else None
+        return render_prompt(self.tokenizer, prompt, raw=True, tools=tools), None
+
+    def stream(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
+               max_tokens: int = 256, stop: list[str] = (), seed: int = 0,
+               should_stop: Callable[[], bool] = lambda: False, tools: list[dict] | None = None,
+               grammar: Grammar | None = None, logprobs: int | None = None) -> Iterator[Token | Text | Round | Done]:
+        """The generation's events, ending with Done. `should_stop()` is asked between prefill chunks and after
+        each round: true ends it there ("stopped"), as `stop` does. `tools`: what a chat may call (the chat
+        template shows them to the model); `grammar`: what the output must match (grammar.py), verified
+        exactly under speculation; `logprobs` (a number of likeliest tokens, 0 for none): each Token carries its
+        log-probability under the target's raw logits, and theirs."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise SpecError(f"max_tokens must be >= 1 (a whole number), got {max_tokens!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise SpecError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+        if not all(isinstance(text, str) and text for text in stop):
+            raise SpecError(f"stop strings must be non-empty text, got {list(stop)!r}")
+        context, chat = self.encode_chat(prompt, tools)
+        self.check_fits(len(context), max_tokens)
+        if grammar is not None and self.lockstep:
+            raise SpecError("constrained output across distributed ranks is not supported yet: serve it from one "
+                            "process")
+        if self.lockstep:  # the other ranks run this generation too
+            self.lockstep.begin(self, context, params, max_tokens, list(stop), seed)
+        prompt_ids = list(context)
+        self.stop_requested = False
+        self.policy = self.policy_now()
+        getattr(self.policy, "begin", lambda depth: None)(len(context))  # round costs depend on the context's depth
+        stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
+        mx.reset_peak_memory()
+        start = time.perf_counter()
+        cached, self.cached_context = self.cached_context, []  # unknown while the prefill runs
+        if self.prompt_cache is not None:
+            cached = self.prompt_cache.switch(self.target, self.drafter, cached, context[:-1])
+        try:
+            prompt_step = self.target.prefill(context[:-1], cached, hidden=self.policy.drafts_at(1),
+                                              interrupted=lambda: not self.lockstep and (self.stop_requested
+                                                                                         or should_stop()),
+                                              absorb=getattr(self.drafter, "absorb", None))
+        except Interrupted:
+            stats.prefill_seconds = time.perf_counter() - start
+            yield Done("stopped", "", [], stats)
+            return
+        self.cached_context = context  # extended in place below, so it always describes the cache
+        stats.reused_prompt_tokens = prompt_step.start
+        if self.drafter:
+            self.drafter.begin(context, prompt_step)
+        if self.prompt_cache is not None and not self.target.cuttable:  # a point the next turn can reuse
+            self.prompt_cache.store(self.prompt_cache.take(self.target, self.drafter, context[:-1]), False)
+        stats.prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+
+        text, generated = TextStream(self.tokenizer, list(stop)), []
+        eos, stop_reason, tick = self.tokenizer.eos_token_ids, None, start
+        rounds = self.rounds(context, params, max_tokens, generated, mx.random.key(seed))
+        self.grammar, self.logprobs = grammar, logprobs
+        try:
+            while stop_reason is None:
+                try:
+                    verdict, new_tokens, own_time, asked = next(rounds)
+                except Exception:
+                    self.cached_context = []  # the cache may hold a half-finished round: never reuse it
+                    raise
+                seconds, tick = time.perf_counter() - tick, time.perf_counter()  # from one round's end to the next
+                stop_now = self.stop_requested or should_stop()
+                if self.lockstep:  # every rank checks the tokens agree, and takes rank 0's time, stop and pin
+                    seconds, stop_now = self.lockstep.agree(self, new_tokens, seconds, stop_now)
+                # the first rounds' times straddle the prefill (it runs lazily into the first, and plain steps
+                # run one ahead): gemma3-270m's took 284, 59 and 81 ms against 134 after, and a draft's cost
+                # measured against those kept drafting off for good
+                timed = stats.rounds >= UNTIMED_ROUNDS and own_time
+                self.policy.observe(verdict.draft_len, verdict.accepted, seconds if timed else None, asked=asked)
+                context += new_tokens
+                stats.record_round(verdict)
+                yield verdict
+                tokens, stop_reason = emit(new_tokens, verdict.accepted, generated, text, eos, max_tokens)
+                if logprobs is not None:
+                    for token, (logprob, top) in zip(tokens, self.round_logprobs):
+                        token.logprob, token.top_logprobs = logprob, top
+                yield from tokens
+                if stop_reason is None and stop_now:
+                    stop_reason = "stopped"
+        finally:
+            rounds.close()
+            self.grammar = self.logprobs = None
+
+        if tail := text.finish():
+            yield Text(tail)
+        stats.decode_seconds = time.perf_counter() - start
+        stats.generated_tokens = len(generated)
+        stats.policy, stats.policy_reasons = self.policy.note, self.policy.explain()[1:]
+        self.keep_profile(self.policy)
+        stats.drafter_report = self.drafter.report() if hasattr(self.drafter, "report") else ""
+        stats.record_memory()
+        done = Done(stop_reason, text.text, generated, stats)
+        self.remember_chat(chat, prompt_ids, done)
+        if self.lockstep:
+            self.lockstep.end()
+        yield done
+
+    def keep_profile(self, policy) -> None:
+        """What `policy` (None: nothing) and the drafter learnt, for the next generation (and on disk, `profiles`)."""
+        if learnt := policy and policy.profile():
+            learnt["drafter"] = self.drafter.estimates() if hasattr(self.drafter, "estimates") else None
+            self.learnt = learnt
+            if self.profiles:
+                self.profiles.write(learnt)
+
+    def remember_chat(self, chat: str | None, prompt: list[int], done: Done) -> None:
+        """Keep the tokens a chat (`chat`: as rendered, None: not a chat) and its answer ran as, so that its next
+        turn is encoded as they were (`encode_chat`); for clients that decode chats in batches."""
+        if chat is not None and done.stop_reason != "stop_string":  # tokens past a stop string are not in the text
+            tokens = done.tokens[: len(done.tokens) - (done.stop_reason == "eos")]
+            said = (chat + done.text, list(prompt) + tokens)
+            self.conversations = [c for c in self.conversations if c[0] != said[0]][-CHATS + 1:] + [said]
+
+    def decide(self, remaining: int) -> int:
+        """The next round's draft length (and tree width), by the policy in force (a `pin` takes effect here)."""
+        self.policy = self.policy_now()
+        draft_len = self.policy.next_draft_len(remaining, getattr(self.drafter, "outlook", None))
+        if self.tree_width > 1:
+            self.drafter.width = self.policy.width
+        return draft_len
+
+    def pipelines(self, params: SamplingParams) -> bool:
+        """Whether plain rounds run one ahead, each queued before the last one's token reaches the host (as
+        mlx-lm's generate_step does): not across distributed ranks, and not with penalties, a grammar or
+        log-probabilities, which need the tokens on the host."""
+        return self.lockstep is None and not params.has_penalties and self.grammar is None and self.logprobs is None
+
+    def plain_step(self, last: list[int] | mx.array, params: SamplingParams, seed: mx.array, position: int,
+                   history: list[int]) -> tuple[Step, mx.array]:
+        """A plain round, lazy: the target's forward over `last` (a token id, or the token a step still running
+        picks) and the token it picks for `position`; what `speculate_round` does with no drafts."""
+        step = self.target.forward(mx.array(last, dtype=mx.int32) if isinstance(last, list) else last)
+        _, token = verify_draft(Draft.empty(), step.logits, params, history, position_keys(seed, position, 1))
+        return step, token.reshape(1)
+
+    def rounds(self, context: list[int], params: SamplingParams, max_tokens: int, generated: list[int],
+               seed: mx.array) -> Iterator[tuple[Round, list[int], bool, int]]:
+        """A generation's rounds from the key `seed`, as (its Round, the tokens to append to `context`, whether
+        the time since the last one is this round's own, the drafts it asked for); the caller appends them and adds
+        what it emits to `generated` before asking for the next. A plain round decides the next one before its
+        token reaches the host, and a plain next round is then already running (`pipelines`): a run of them is
+        timed by its middle rounds (its first can wait for the second's step too, as a CPU does, its last find its
+        step done). When the generation ends, a step running ahead is removed from the cache."""
+        key, decided, queued = seed, None, None  # the next round's (draft length, draft key); its step if running
+        try:
+            while True:
+                if decided is None:
+                    key, round_key = mx.random.split(key)
+                    decided = (self.decide(max_tokens - len(generated)), round_key)
+                (draft_len, round_key), decided = decided, None
+                if draft_len or not self.pipelines(params):
+                    yield *self.speculate_round(context, draft_len, params, round_key, seed), True, draft_len
+                    continue
+                ran_ahead = queued is not None
+                step, token = queued or self.plain_step(context[-1:], params, seed, len(context), context)
+                queued = None
+                self.target.rollback(0)  # releases what a recurrent cache kept, before the next step runs
+                if len(generated) + 1 < max_tokens:
+                    key, round_key = mx.random.split(key)
+                    decided = (self.decide(max_tokens - len(generated) - 1), round_key)
+                    if decided[0] == 0:
+                        queued = self.plain_step(token, params, seed, len(context) + 1, context)
+                        mx.async_eval(queued[1])
+                new_tokens = [token.item()]
+                if self.drafter:
+                    self.drafter.accept(context + new_tokens, 0, step)
+                yield Round(0, 0), new_tokens, ran_ahead == (queued is not None), 0
+        except GeneratorExit:
+            if queued:  # the step after the last token ran for nothing
+                self.target.rollback(1)
+            raise
+
+    def speculate_round(self, context: list[int], draft_len: int, params: SamplingParams, draft_key: mx.array,
+                        seed: mx.array, seconds: dict | None = None):
+        """One round: returns (its Round, the tokens to append to the context); the target draws by `seed`'s
+        `position_keys`. With `seconds`, the draft and the target's forward are each timed on their own (slower)."""
+        start = time.perf_counter()
+        if hasattr(self.drafter, "constrain"):  # chains that follow the grammar are not drafted in vain
+            self.drafter.constrain = self.constrain_drafts if self.grammar else None
+        draft = self.drafter.propose(context, draft_len, params, draft_key) if draft_len else Draft.empty()
+        if draft.confidence is not None and hasattr(self.policy, "cut"):  # the drafter's own estimates shorten it
+            draft = draft.first(self.policy.cut(draft.confidence.tolist()))
+        if self.grammar is not None and draft.parents is None and draft.q is None:  # one-hot drafts the grammar
+            draft = draft.first(self.grammar.valid_prefix(draft.tokens.tolist()))  # rejects can only be rejected
+        draft_len = draft.tokens.shape[0]
+        if seconds is not None:
+            mx.eval(draft.tokens)
+            seconds["draft"], start = time.perf_counter() - start, time.perf_counter()
+        inputs = mx.concatenate([mx.array(context[-1:], dtype=mx.int32), draft.tokens])
+        if draft.parents is None:
+            step = self.target.forward(inputs)
+        else:
+            positions = [self.target.offset + depth for depth in [0, *draft.depths()]]
+            step = self.target.forward(inputs, draft.attention(), positions)
+        if seconds is not None:
+            mx.eval(step.logits)
+            seconds["verify"] = time.perf_counter() - start
+        if draft.parents is None:
+            logits = step.logits if self.grammar is None else self.grammar.masked(step.logits, draft.tokens.tolist())
+            accepted, next_token = verify_draft(draft, logits, params, context,
+                                                position_keys(seed, len(context), draft_len + 1))
+            mx.eval(draft.tokens, accepted, next_token)  # the round's only host synchronisation (but a grammar's)
+            accepted = accepted.item()
+            self.target.rollback(draft_len - accepted)
+            new_tokens = draft.tokens[:accepted].tolist() + [next_token.item()]
+            verdict = Round(draft_len, accepted, draft_len)
+        else:
+            logits = step.logits if self.grammar is None else self.grammar.masked_tree(step.logits, draft.prefixes())
+            keys = position_keys(seed, len(context), max(draft.depths()) + 1)  # to the deepest node's next
+            path, new_tokens = verify_tree(draft, logits, params, context, keys)
+            kept = [0, *(node + 1 for node in path)]
+            self.target.keep(draft_len + 1, kept)
+            step = step.rows(kept)  # keeps every node's logits in `step.tree_logits` for the drafter
+            verdict = Round(max(draft.depths()) if draft.depth is None else draft.depth, len(path), draft_len)
+        if self.grammar is not None:
+            self.grammar.advance(new_tokens)
+        if self.logprobs is not None:  # the rows that scored the emitted tokens (a tree's: its kept path)
+            self.round_logprobs = token_logprobs(step.logits[:len(new_tokens)], new_tokens, self.logprobs)
+        if self.drafter:
+            self.drafter.accept(context + new_tokens, verdict.accepted, step.first(verdict.accepted + 1))
+        return verdict, new_tokens
+
+    def constrain_drafts(self, logits: mx.array, drafts: list[int]) -> mx.array:
+        """A drafter's logits masked by what the grammar allows after the emitted tokens and `drafts`."""
+        return self.grammar.masked_tree(logits, [drafts])
+
+    def profile(self, prompt: str | list[int] | list[dict], draft_lens: list[int], rounds: int = 3,
+                params: SamplingParams = SamplingParams()) -> RoundCosts:
+        """Time a round's parts on real rounds continuing `prompt`: for plain steps and each draft length, the
+        median of `rounds` rounds after an untimed one. A drafter that finds fewer drafts (n-gram) is timed at
+        the length it drafted."""
+        context = self.encode(prompt)
+        self.cached_context = []
+        prompt_step = self.target.prefill(context[:-1], absorb=getattr(self.drafter, "absorb", None))
+        if self.drafter:
+            self.drafter.begin(context, prompt_step)
+        if self.tree_width > 1:
+            self.drafter.width = self.next_policy.widest  # the shape asked for (a generation may have left a chain)
+        timed: dict[int, list[dict]] = {}
+        seed = key = mx.random.key(0)
+        for k in dict.fromkeys([0, *(draft_lens if self.drafter else [])]):
+            for r in range(rounds + 1):
+                key, round_key = mx.random.split(key)
+                seconds = {}
+                verdict, new_tokens = self.speculate_round(context, k, params, round_key, seed, seconds)
+                context += new_tokens
+                if r:
+                    timed.setdefault(verdict.draft_len, []).append(seconds)
+        self.cached_context = context
+        return RoundCosts({k: statistics.median(s["verify"] for s in runs) for k, runs in timed.items()},
+                          {k: statistics.median(s["draft"] for s in runs) for k, runs in timed.items() if k})
+
+    def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
+                 max_tokens: int = 256, stop: list[str] = (), seed: int = 0, tools: list[dict] | None = None,
+                 grammar: Grammar | None = None, logprobs: int | None = None) -> Result:
+        return collect(self.stream(prompt, params, max_tokens, stop, seed, tools=tools, grammar=grammar,
+                                   logprobs=logprobs))
+
+    def batch_problem(self) -> str | None:
+        """Why `generate_many` can only decode one sequence at a time here (None: it batches)."""
+        if self.lockstep:
+            return "batches are not decoded across distributed ranks yet"
+        return batch_problem(self.target.model, self.drafter)
+
+    def largest_batch(self, tokens_per_row: int) -> int:
+        """The largest batch whose caches (`tokens_per_row` positions a row) fit in half the memory available."""
+        import psutil
+
+        return largest_batch(self.target.model, tokens_per_row, psutil.virtual_memory().available,
+                             self.target.kv_bits, self.target.kv_group_size)
+
+    def generate_many(self, jobs, batch_size: int) -> Iterator[tuple[int, Result]]:
+        """Decode `jobs` (`batched.Job`s: token ids and their settings), `batch_size` at a time in one batch
+        (`batched.BatchedDecoder`; 1: one after another with `generate`); yields (the job's index, its Result) as
+        each finishes. Drafting as this engine's: its drafter (drafting for the batch: `batched(target_batch)`),
+        its pinned length or the adaptive policy (`batch_policy.BatchDraftLength`); a job's own `draft_len` first."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise SpecError(f"batch size must be a whole number >= 1, got {batch_size!r}")
+        if batch_size == 1:
+            engine_policy = self.next_policy
+            for index, job in enumerate(jobs):
+                if job.draft_len is not None:
+                    self.pin(job.draft_len)
+                try:
+                    result = self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed,
+                                           grammar=job.grammar)
+                finally:
+                    self.next_policy = engine_policy
+                yield index, result
+            return
+        fitting = (self.check_fits(len(job.prompt), job.max_tokens) or job for job in jobs)
+        decoder = self._decoder(getattr(self.next_policy, "pinned", None))
+        try:
+            yield from decoder.run(fitting, batch_size)
+        finally:
+            self.keep_profile(decoder.alone)
+
+    def stream_many(self, take, batch_size: int, should_stop=lambda key: False) -> Iterator[tuple[object, object]]:
+        """Decode the `batched.Job`s that `take()` hands over as (key, Job) (None: none waiting; asked whenever
+        the batch has room) in one batch of at most `batch_size`, until none is left; yields (key, event) with
+        each job's Round / Token / Text / Done events as `stream` gives them. `should_stop(key)` ends a job after
+        the current round or prefill chunk ("stopped"). For servers: jobs join while others run (check each with
+        `check_fits` first); a job drafts its own pinned `draft_len`, or what the adaptive policy chooses (this
+        engine's pin is for its one-at-a-time streams)."""
+        decoder = self._decoder(None)
+        try:
+            yield from decoder.stream(take, batch_size, should_stop)
+        finally:
+            self.keep_profile(decoder.alone)
+
+    def _decoder(self, draft_len: int | None):
+        """A batch's decoder; an adaptive one goes on with what the last batch's policy learnt (a server decodes
+        each burst of requests, a lone one too, as a batch of its own), and decides rounds with one row as
+        `stream` does, from the profile (`keep_profile` keeps what they learnt)."""
+        if problem := self.batch_problem():
+            raise SpecError(f"{problem}: use a batch size of 1")
+        decoder = BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
+                                 self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size,
+                                 self.target.hidden_tail, self.prompt_cache and RowPrefixes(
+                                     self.prompt_cache, self.target, self.cached_context, self.drafter),
+                                 self.batch_policy if draft_len is None else None,
+                                 draft_policy(None, self.max_draft_len, 1, self.learnt) if self.drafter else None)
+        if draft_len is None:
+            self.batch_policy = decoder.policy
+        return decoder

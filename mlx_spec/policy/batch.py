@@ -1,0 +1,130 @@
+"""The adaptive draft length for a batch (`BatchDraftLength`): what a round of a batch costs by the tokens its
+target forward runs, and what is learnt of the text once for all rows. The policy for one sequence is policy.py's."""
+
+from __future__ import annotations
+
+from .sequence import HORIZON, PRIOR, STALE, Shape, probe_due
+
+
+class BatchDraftLength:
+    """The adaptive policy for a batch of `rows` rows (`resize`). A round's time depends on the tokens its target
+    forward runs, rows x (1 + k), whatever the split: small forwards are bandwidth-bound (more tokens cost little),
+    large ones compute-bound (they cost in proportion), and between the two not always monotone (BLAS blocks some
+    sizes better). So seconds are learnt per token count, shared by every batch size as rows come and go,
+    interpolated between the counts measured and, beyond them, along the least growth measured between two, drawn
+    from the largest count measured or the one before it, whichever makes it least (past a count dearer than the
+    next): the optimist's guess (below them, when rows leave, no less than in proportion), one length past the
+    counts measured at a time, measured (in two rounds) if it pays and enough rounds remain to repay that
+    (HORIZON). What is learnt of the text once for all rows: the share of rows that draft at all (an n-gram drafter
+    may find nothing) and the acceptance per draft position of those that do, each verdict counted (a round that
+    judged a position once moves it less than one that judged it four times). Each round drafts the k that
+    maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at rows (plain steps) and 2 rows
+    (one draft) first, and probing with one draft now and then while it is off."""
+
+    def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.85, prior_acceptance: float = 0.7):
+        self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
+        self.chain = Shape(max_len, prior_acceptance, optimistic=False)  # the acceptance of rows that draft (its
+        # positions judged by many rows a round)
+        self.share = 1.0  # of the rows asked to draft, those that drafted something
+        self.judged = [-STALE - 1] * max_len  # the round that last judged each position (none: stale from the start)
+        self.verdicts = [PRIOR] * max_len  # the verdicts each position's acceptance stands on, decayed each round
+        self.seconds: dict[int, float] = {}  # tokens in the target's forward -> seconds of the round
+        self.seen: set[int] = set()  # token counts run once (a first run compiles: no cost signal)
+        self.rows, self.rounds, self.draft_len = 1, 0, 0
+        self.note = f"adaptive draft length per batch size, up to {max_len}"
+
+    def resize(self, rows: int) -> None:
+        self.rows = rows
+
+    def time(self, tokens: int) -> float | None:
+        """Seconds of a round whose forward runs `tokens` tokens, from the counts measured (None: none yet)."""
+        known = sorted(self.seconds)
+        if tokens in self.seconds or not known:
+            return self.seconds.get(tokens)
+        below, above = [n for n in known if n < tokens], [n for n in known if n > tokens]
+        if below and above:
+            low, high = below[-1], above[0]
+            return self.seconds[low] + (self.seconds[high] - self.seconds[low]) * (tokens - low) / (high - low)
+        nearest = above[0] if above else below[-1]
+        proportional = self.seconds[nearest] * tokens / nearest
+        if len(known) < 2:  # one count measured: assume the forward compute-bound (the cautious guess)
+            return proportional
+        slope = min(max(0.0, (self.seconds[b] - self.seconds[a]) / (b - a)) for a, b in zip(known, known[1:]))
+        if above:  # fewer tokens than measured (rows left): no less than in proportion
+            return max(proportional, self.seconds[nearest] - slope * (nearest - tokens))
+        return min(self.seconds[n] + slope * (tokens - n) for n in known[-2:])  # past a dear count (BLAS's blocking)
+
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a row gets from a round of k drafts: 1, and what drafting rows add, for the share that draft."""
+        return 1 + self.share * (self.chain.expected_tokens(k) - 1)
+
+    def next_draft_len(self, remaining: int) -> int:
+        self.rounds += 1
+        rows, k = self.rows, 0
+        plain = self.time(rows)
+        if not self.seconds or self.rounds % (4 * self.probe_every) == 0:
+            k = 0  # measure plain steps (and now and then again)
+        elif len(self.seconds) < 2:
+            k = 0 if 2 * rows in self.seconds else 1  # a second token count to draw the line through
+        else:
+            k = self.best(rows, remaining)
+            break_even = (self.time(2 * rows) - plain) / plain
+            if k == 0 and probe_due(self.rounds, self.probe_every, break_even):
+                k = 1  # a cheap probe: has the text become predictable?
+            self.note = (f"draft length {k} at {rows} rows: expected {self.expected_tokens(k):.2f} tokens/round"
+                         if k else f"drafting off at {rows} rows: a draft costs {break_even:.2f} plain steps, recent "
+                                   f"first-draft acceptance {self.chain.acceptance[0]:.0%}")
+        self.draft_len = k
+        return max(0, min(k, remaining - 1))
+
+    def best(self, rows: int, remaining: int | None = None) -> int:
+        """The draft length expected to make the most tokens per second at `rows` rows (two token counts measured),
+        over the `remaining` tokens the longest row still wants (None: no end in sight)."""
+        self.explore()
+        largest, rates = max(self.seconds), {}
+        for k in range(self.max_len + 1):
+            past = rows * (1 + k) > largest  # the first length past the counts measured, at the optimist's guess:
+            # the others wait for it, and it waits for enough of its rounds left to repay the two that measure it
+            # (with 32-token answers at 8 rows, trying two, three and four drafts ate the gain of one)
+            if past and k and remaining is not None and remaining < HORIZON * self.expected_tokens(k):
+                break
+            rates[k] = self.expected_tokens(k) / self.time(rows * (1 + k))
+            if past:
+                break
+        return max(rates, key=rates.__getitem__)
+
+    def drafts_at(self, rows: int) -> bool:
+        """Whether a row joining a batch of `rows` rows is worth readying to draft (the drafter's work on its prompt):
+        yes until the costs measured say drafting does not pay at that size; its drafter then starts on the
+        positions it decodes, if drafting turns on (probes included)."""
+        return len(self.seconds) < 2 or self.best(rows) > 0
+
+    def explore(self) -> None:
+        """A position no round judged of late (STALE rounds) is taken to pass as often as the one before it, not
+        at its old estimate: else a policy that found one draft paying would never learn whether two do, nor
+        again after a few unlucky rounds judged the second."""
+        for j in range(1, self.max_len):
+            if self.rounds - self.judged[j] > STALE:
+                self.chain.acceptance[j], self.verdicts[j] = self.chain.acceptance[j - 1], min(self.verdicts[j], PRIOR)
+
+    def observe(self, draft_len: int, accepted: int, seconds: float,
+                rows: list[tuple[int, int]] | None = None) -> None:
+        """Learn from a finished round: `rows` holds each row's (drafts, accepted); `draft_len` is the longest
+        draft, which every row paid for. The share of rows that drafted moves once per round; each position's
+        acceptance by the verdicts of the drafting rows that reached it, a token there or not: one that drafted
+        fewer (n-gram found no more) gained nothing."""
+        d, rows = self.decay, rows or [(draft_len, accepted)]
+        if draft_len:
+            self.share = d * self.share + (1 - d) * sum(drafts > 0 for drafts, _ in rows) / len(rows)
+        for j in range(draft_len):
+            judged = [j < kept for drafts, kept in rows if drafts and j <= kept]
+            if judged:
+                weight = d * self.verdicts[j]  # the past's verdicts, decayed
+                self.chain.acceptance[j] = (weight * self.chain.acceptance[j] + sum(judged)) / (weight + len(judged))
+                self.verdicts[j], self.judged[j] = weight + len(judged), self.rounds
+        tokens = len(rows) * (1 + draft_len)
+        if tokens not in self.seen:
+            self.seen.add(tokens)
+            return
+        old = self.seconds.get(tokens)
+        self.seconds[tokens] = seconds if old is None else d * old + (1 - d) * seconds

@@ -1,0 +1,403 @@
+"""The KV caches of a batch of sequences that each keep their own length: what batched speculation runs on.
+
+All rows of a batch are written at the same columns, one forward at a time, but each row has its own positions
+(`offsets`: its rotary embeddings place its tokens where decoding it alone would) and its own valid columns: a
+round gives every row `1 + max draft length` columns, and the columns of a row's rejected drafts (and of the
+padding after a shorter draft) are masked out for good, while columns that every row rejected are written over
+by the next forward. Holes are squeezed out when the buffers would otherwise grow (`compact`); rows leave
+(`select`) and join (`join`, after their prompt ran in a batch of their own) between forwards.
+
+Sliding-window layers hold every column too (their memory grows as full attention's does): the mask they ask
+for (`window_size`) hides, per row, what lies beyond the window of each query's own position. Gated DeltaNet
+layers (Qwen3.5 / 3.6, Qwen3-Next) keep one recurrent state per row (`caches.RecurrentCache`): while a round is
+marked they keep the state after every input, each row knows which kept state follows each of its real inputs,
+and `keep` gives each row the state after its last kept input. Padding runs through the recurrence only after
+a row's real inputs; before the next forward of the round each row is set back to the state after its last real
+input. Other cache types: `RaggedBatch.problem` says why they cannot be batched.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_map
+from mlx_lm.models import gemma3_text, llama
+from mlx_lm.models.cache import (
+    ArraysCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
+
+from ..models import qwen3_5
+from ..seams import compat
+from ..seams.caches import RecurrentCache
+from .target import hidden_from, next_piece
+
+STEP = 256  # columns added when the buffers grow
+
+
+class RaggedKVCache:
+    """One attention layer's keys and values; the layout (columns, positions, masks) is its batch's. With
+    `bits`, they are kept quantized as mlx-lm's QuantizedKVCache keeps them ((data, scales, biases), each token's
+    groups on their own) and mlx-lm's attention, seeing `bits`, attends over them quantized."""
+
+    def __init__(self, batch: "RaggedBatch", bits: int | None = None, group_size: int = 64):
+        self.batch = batch
+        self.keys = self.values = None
+        if bits:
+            self.bits, self.group_size = bits, group_size
+
+    @property
+    def offset(self) -> mx.array:
+        return self.batch.positions  # (B,) the position of each row's first new token
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        if hasattr(self, "bits"):
+            keys, values = (tuple(mx.quantize(x, group_size=self.group_size, bits=self.bits)) for x in (keys, values))
+        start = self.batch.columns
+        end = start + _parts(keys)[0].shape[2]
+        if self.keys is None or _parts(self.keys)[0].shape[2] < self.batch.capacity:
+            self.keys, self.values = (_widen(self.keys, keys, self.batch.capacity),
+                                      _widen(self.values, values, self.batch.capacity))
+        for buffer, new in zip(_parts(self.keys) + _parts(self.values), _parts(keys) + _parts(values)):
+            buffer[..., start:end, :] = new
+        return tree_map(lambda buffer: buffer[..., :end, :], (self.keys, self.values))
+
+    def make_mask(self, n: int, window_size: int | None = None, **kwargs) -> mx.array:
+        return self.batch.window_mask(window_size) if window_size else self.batch.mask
+
+    @property
+    def state(self):
+        return self.keys, self.values
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else sum(part.nbytes for part in _parts(self.keys) + _parts(self.values))
+
+
+def _parts(buffer) -> tuple:
+    """A buffer's arrays: one (float) or three (quantized: data, scales, biases)."""
+    return buffer if isinstance(buffer, tuple) else (buffer,)
+
+
+def _widen(buffer, like, width: int):
+    """`buffer` (None: nothing yet) with columns up to `width`, in `like`'s form."""
+    def widen(part: mx.array | None, new: mx.array) -> mx.array:
+        shape = (new.shape[0], new.shape[1], width, new.shape[3])
+        if part is None:
+            return mx.zeros(shape, new.dtype)
+        return mx.concatenate([part, mx.zeros((*shape[:2], width - part.shape[2], shape[3]), part.dtype)], axis=2)
+    return tree_map(widen, buffer, like) if buffer is not None else tree_map(lambda new: widen(None, new), like)
+
+
+class RaggedBatch:
+    """A batch of rows over one model's layers: after `mark`, `forward`s run (B, n) blocks of inputs, then
+    `keep` says how many of each row's inputs stay in the cache."""
+
+    def __init__(self, model, rows: int = 0, kv_bits: int | None = None, kv_group_size: int = 64):
+        """An empty cache for `rows` rows; `kv_bits`: full-attention keys and values quantized (as `--kv-bits`
+        quantizes them alone; sliding-window layers stay float)."""
+        self.model = model
+        qwen3_5.install(model)  # Gated DeltaNet layers that keep per-position states (no-op for other models)
+        self.caches = [RecurrentCache(len(c.cache)) if isinstance(c, ArraysCache)
+                       else RaggedKVCache(self, kv_bits if type(c) is KVCache else None, kv_group_size)
+                       for c in make_prompt_cache(model)]
+        self.recurrent = [c for c in self.caches if isinstance(c, RecurrentCache)]
+        self.states = None  # while a round is marked, per row: the recurrent state (saved index) after each input
+        self.columns = 0  # columns written (valid or not)
+        self.capacity = 0  # columns the buffers hold
+        self.valid = np.zeros((rows, 0), dtype=bool)  # (B, columns): a row holds its valid columns' positions
+        self.positions = self.mask = None  # set around a forward
+        self.hidden: list[mx.array] = []  # what `extend` read of the hidden states, when asked
+        self.marked = None  # the columns written when the round began (`mark`)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """(B,) the positions each row holds."""
+        return self.valid.sum(axis=1)
+
+    @classmethod
+    def prefilled(cls, model, prompts: list[list[int]], **kv) -> "RaggedBatch":
+        """A batch of one row per prompt, holding it (prompts before they join a batch): all rows run together, a
+        piece (`next_piece`) at a time, each row's padding after its prompt (a hole), so several rows
+        only where no layer is recurrent (padding would run through its state). `kv`: as the constructor's."""
+        batch = cls(model, rows=len(prompts), **kv)
+        assert len(prompts) == 1 or not batch.recurrent, "a recurrent layer's rows are prefilled one at a time"
+        longest, start = max(map(len, prompts)), 0
+        while start < longest:
+            end = next_piece(start, longest, longest)
+            pieces = [prompt[start:end] for prompt in prompts]
+            tokens = np.zeros((len(prompts), end - start), dtype=np.int32)
+            for row, piece in enumerate(pieces):
+                tokens[row, :len(piece)] = piece
+            batch.forward(mx.array(tokens), [len(piece) for piece in pieces])
+            mx.eval([c.state for c in batch.caches])
+            start = end
+        return batch
+
+    @classmethod
+    def holding(cls, model, layers: list, n: int, **kv) -> "RaggedBatch":
+        """A one-row batch holding `n` positions given per layer as `row_positions` gives them (an attention
+        layer may give only its last ones, a sliding window's: the columns before them hold zeros, which its mask
+        hides). `kv`: as the constructor's."""
+        batch = cls(model, rows=1, **kv)
+        for cache, layer in zip(batch.caches, layers, strict=True):
+            if isinstance(cache, RecurrentCache):
+                cache.cache = list(layer)
+                cache.release()
+            else:
+                cache.keys, cache.values = tree_map(lambda part: _shift(part, n - part.shape[2]), tuple(layer))
+        batch.valid, batch.columns, batch.capacity = np.ones((1, n), dtype=bool), n, n
+        return batch
+
+    def row_positions(self, row: int) -> list:
+        """What row `row` holds, per layer: an attention layer's keys and values (1, H, n, D) at its n positions
+        (quantized: their parts), a recurrent layer's [conv window, state]."""
+        columns = mx.array(np.flatnonzero(self.valid[row, :self.columns]))
+        return [[part[row:row + 1] for part in cache.cache] if isinstance(cache, RecurrentCache)
+                else tree_map(lambda buffer: mx.take(buffer[row:row + 1], columns, axis=2), (cache.keys, cache.values))
+                for cache in self.caches]
+
+    def extend(self, tokens: list[int], read_hidden=None, hidden_tail: int | None = None) -> bool:
+        """Run the next piece (`target.next_piece`) of `tokens` that this one-row batch does not hold yet; whether
+        it now holds them all (a prompt prefilled a piece at a time). `read_hidden` (see `target.hidden_reader`):
+        the hidden states of the last `hidden_tail` tokens (None: all) are appended to `hidden`, (n, H) a piece."""
+        done = int(self.offsets[0])
+        tail = hidden_from(0, len(tokens), hidden_tail if read_hidden else 0)
+        end = next_piece(done, len(tokens), tail)
+        if done < len(tokens):
+            self.forward(mx.array([tokens[done:end]], dtype=mx.int32), [end - done])
+            self.hidden += [read_hidden()[0]] if read_hidden and done >= tail else []
+            mx.eval([c.state for c in self.caches], self.hidden[-1:])
+        return end >= len(tokens)
+
+    @staticmethod
+    def problem(model) -> str | None:
+        """Why this model's caches cannot be batched here (None when they can)."""
+        kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) not in (KVCache, RotatingKVCache)}
+        if kinds == {"ArraysCache"} and qwen3_5.install(model):  # Gated DeltaNet layers
+            return None
+        return f"its {', '.join(sorted(kinds))} caches are not batched yet" if kinds else None
+
+    @property
+    def size(self) -> int:
+        return self.valid.shape[0]
+
+    def mark(self) -> None:
+        """Start a round: `keep` then says what stays of every forward since."""
+        self.marked = self.columns
+        for cache in self.recurrent:
+            cache.release()
+            cache.capture = True
+        self.states = [[0] for _ in range(self.size)] if self.recurrent else None
+
+    def forward(self, tokens: mx.array, lengths: list[int]) -> mx.array:
+        """Run `tokens` (B, n) after what each row holds (or inputs (B, n, D) of a model that takes vectors): row
+        i's first `lengths[i]` inputs are real, the rest padding (never seen by real inputs, masked out after).
+        Returns the model's output, logits (B, n, V); lazy."""
+        b, n = tokens.shape[:2]
+        if self.states is not None:
+            self._resume_recurrent()
+        if self.columns + n > self.capacity:
+            self._make_room(n)
+        mask = np.zeros((b, 1, n, self.columns + n), dtype=bool)
+        mask[:, 0, :, :self.columns] = self.valid[:, None, :self.columns]
+        mask[:, 0, :, self.columns:] = np.tril(np.ones((n, n), dtype=bool))
+        self.mask, self.positions = mx.array(mask), mx.array(self.offsets.astype(np.int32))
+        self._windows = {}
+        try:
+            logits = self.model(tokens, cache=self.caches)
+        finally:
+            self.mask = self.positions = self._windows = None
+        if self.states is not None:
+            base = len(self.recurrent[0].saved) - 1 - n
+            for row, length in enumerate(lengths):
+                self.states[row] += range(base + 1, base + 1 + length)
+        grown = np.zeros((b, self.columns + n), dtype=bool)
+        grown[:, :self.columns] = self.valid[:, :self.columns]
+        grown[:, self.columns:] = np.arange(n)[None, :] < np.array(lengths)[:, None]
+        self.valid, self.columns = grown, self.columns + n
+        return logits
+
+    def column_positions(self) -> np.ndarray:
+        """(B, columns): the position of each row's entry in each column (meaningful where it is valid)."""
+        return np.cumsum(self.valid[:, :self.columns], axis=1) - 1
+
+    def window_mask(self, window: int) -> mx.array:
+        """The forward's mask for a sliding-window layer: also hidden, per row, the columns at or beyond `window`
+        positions before each query's own."""
+        if window not in self._windows:
+            n = self.mask.shape[2]
+            held = self.column_positions()
+            queries = self.offsets[:, None] + np.arange(n)[None, :]  # (B, n)
+            recent = np.ones((self.size, n, self.columns + n), dtype=bool)
+            recent[:, :, :self.columns] = queries[:, :, None] - held[:, None, :] < window
+            recent[:, :, self.columns:] = (np.arange(n)[:, None] - np.arange(n)[None, :] < window)[None]
+            self._windows[window] = self.mask & mx.array(recent[:, None])
+        return self._windows[window]
+
+    def keep(self, kept: list[int]) -> None:
+        """Of the real inputs each row ran since `mark`, row i keeps its first kept[i]; the columns every row
+        dropped are written over next. Recurrent layers take each row's state after its last kept input."""
+        if self.states is not None:
+            self._set_recurrent([states[count] for states, count in zip(self.states, kept)])
+            for cache in self.recurrent:
+                cache.release()
+                cache.capture = False
+            self.states = None
+        end = self.marked
+        for row, count in enumerate(kept):
+            new = np.flatnonzero(self.valid[row, self.marked:]) + self.marked
+            self.valid[row, new[count:]] = False
+            end = max(end, new[count - 1] + 1 if count else end)
+        self.columns, self.marked = end, None
+        self.valid = self.valid[:, :end]
+
+    def _set_recurrent(self, saved: list[int]) -> None:
+        """Give row i of every recurrent layer the state it kept at saved[i]."""
+        for cache in self.recurrent:
+            if len(set(saved)) == 1:
+                cache.cache[0], cache.cache[1] = cache.saved[saved[0]]
+            else:
+                cache.cache[0], cache.cache[1] = (mx.concatenate([cache.saved[index][part][row:row + 1]
+                                                                  for row, index in enumerate(saved)])
+                                                  for part in (0, 1))
+
+    def _resume_recurrent(self) -> None:
+        """Before a forward within a round: a row padded by the last forward goes back to its state after its last
+        real input (kept as a state of its own, so that the saved states stay in step with the inputs)."""
+        newest = len(self.recurrent[0].saved) - 1
+        if all(states[-1] == newest for states in self.states):
+            return
+        self._set_recurrent([states[-1] for states in self.states])
+        for cache in self.recurrent:
+            cache.saved.append((cache.cache[0], cache.cache[1]))
+
+    def forget(self, row: int) -> None:
+        """Row `row` holds nothing from now on: its columns become holes (attention layers only)."""
+        assert not self.recurrent, "a recurrent state cannot forget"
+        self.valid[row] = False
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only `rows` (indices), in that order: finished sequences leave."""
+        index = mx.array(rows, dtype=mx.int32)
+        for cache in self.caches:
+            if isinstance(cache, RecurrentCache):
+                cache.filter(index)
+                cache.release()
+            elif cache.keys is not None:
+                cache.keys, cache.values = tree_map(lambda buffer: buffer[index], (cache.keys, cache.values))
+        self.valid = self.valid[rows]
+        if not rows:
+            self.columns = 0
+            self.valid = np.zeros((0, 0), dtype=bool)
+
+    def join(self, other: "RaggedBatch") -> None:
+        """Append `other`'s rows (a prompt prefilled on its own), right-aligned with this batch's columns."""
+        width = max(self.columns, other.columns)
+        sides = [(self, width - self.columns), (other, width - other.columns)]
+        for mine, theirs in zip(self.caches, other.caches):
+            if isinstance(mine, RecurrentCache):
+                mine.cache = [_stack_rows(a, self.size, b, other.size) for a, b in zip(mine.cache, theirs.cache)]
+                mine.release()
+                continue
+            if mine.keys is None and theirs.keys is None:
+                continue  # nothing cached yet on either side (one-token prompts)
+            stacked = []
+            for which in ("keys", "values"):  # of their own widths (MLA's differ)
+                parts, like = [], getattr(mine if mine.keys is not None else theirs, which)
+                for (batch, pad), cache in zip(sides, (mine, theirs)):
+                    buffer = getattr(cache, which)
+                    if buffer is None:
+                        buffer = tree_map(lambda part: mx.zeros((batch.size, part.shape[1], 0, part.shape[3]),
+                                                                part.dtype), like)
+                    parts.append(tree_map(lambda part: _shift(part[..., :batch.columns, :], pad), buffer))
+                stacked.append(tree_map(lambda a, b: mx.concatenate([a, b], axis=0), *parts))
+            mine.keys, mine.values = stacked
+        self.valid = np.concatenate([np.pad(batch.valid[:, :batch.columns], ((0, 0), (pad, 0))) for batch, pad in sides])
+        self.columns = self.capacity = width
+
+    def _make_room(self, n: int) -> None:
+        """Room for n more columns: squeeze out the holes when that frees a quarter of the columns, else grow."""
+        counts = self.valid.sum(axis=1)
+        unmarked = self.marked is None or self.marked == self.columns  # nothing of a round written yet
+        if unmarked and self.size and self.columns - counts.max() >= max(n, self.columns // 4):
+            self.compact()
+            if self.marked is not None:
+                self.marked = self.columns
+        if self.columns + n > self.capacity:
+            self.capacity = self.columns + n + STEP  # the caches widen their buffers at the next write
+
+    def compact(self) -> None:
+        """Move each row's valid columns to the end of the shortest width that holds them all, in order."""
+        counts = self.valid.sum(axis=1)
+        width = int(counts.max())
+        index = np.zeros((self.size, width), dtype=np.int32)
+        valid = np.zeros((self.size, width), dtype=bool)
+        for row, count in enumerate(counts):
+            index[row, width - count:] = np.flatnonzero(self.valid[row])
+            valid[row, width - count:] = True
+        gather = mx.array(index)[:, None, :, None]
+        for cache in self.caches:
+            if isinstance(cache, RaggedKVCache) and cache.keys is not None:
+                cache.keys, cache.values = tree_map(lambda buffer: mx.take_along_axis(buffer, gather, axis=2),
+                                                    (cache.keys, cache.values))
+        self.valid, self.columns, self.capacity = valid, width, width
+
+
+def _shift(buffer: mx.array, pad: int) -> mx.array:
+    """`pad` empty columns before `buffer`'s."""
+    if not pad:
+        return buffer
+    return mx.concatenate([mx.zeros((*buffer.shape[:2], pad, buffer.shape[3]), buffer.dtype), buffer], axis=2)
+
+
+def _stack_rows(mine: mx.array | None, rows: int, theirs: mx.array | None, their_rows: int) -> mx.array | None:
+    """Two batches' recurrent arrays, one above the other; a side that has run nothing yet holds zeros (the
+    state a Gated DeltaNet layer starts from)."""
+    if mine is None and theirs is None:
+        return None
+    like = mine if mine is not None else theirs
+    mine = mine if mine is not None else mx.zeros((rows, *like.shape[1:]), like.dtype)
+    theirs = theirs if theirs is not None else mx.zeros((their_rows, *like.shape[1:]), like.dtype)
+    return mx.concatenate([mine, theirs])
+
+
+@functools.cache
+def check_batches() -> None:
+    """Two rows of different lengths in one RaggedBatch, their prompts prefilled apart or together (padded), score
+    their next tokens as the model alone does: a tiny Llama, and a tiny Gemma 3 whose sliding window (2) is
+    shorter than the rows."""
+    tiny = dict(num_hidden_layers=1, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
+                rms_norm_eps=1e-6, vocab_size=8)
+    if not _rows_match(llama.Model(compat.decoder_args("llama", dict(hidden_size=16, **tiny)))):
+        raise compat.broken("batched attention (rotary embeddings with one offset per row, or masks from "
+                            "cache.make_mask)")
+    if not _rows_match(llama.Model(compat.decoder_args("llama", dict(hidden_size=64, **tiny))), kv_bits=8):
+        raise compat.broken("quantized attention in batches (a cache with `bits` attended to as a QuantizedKVCache)")
+    gemma = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(dict(
+        model_type="gemma3_text", hidden_size=16, num_hidden_layers=2, intermediate_size=32, num_attention_heads=2,
+        head_dim=8, vocab_size=8, query_pre_attn_scalar=8, sliding_window=2, sliding_window_pattern=2)))
+    if not _rows_match(gemma):
+        raise compat.broken("sliding-window attention in batches (the window no longer passed to cache.make_mask)")
+
+
+def _rows_match(model, kv_bits: int | None = None) -> bool:
+    kv = {"kv_bits": kv_bits, "kv_group_size": 32}
+    rows = [[1, 2, 3, 4, 5], [6, 7]]
+    for together in (False, True):  # prompts prefilled one at a time, then together (padded)
+        batch = RaggedBatch(model, **kv)
+        for prompts in [[tokens[:-1] for tokens in rows]] if together else [[tokens[:-1]] for tokens in rows]:
+            batch.join(RaggedBatch.prefilled(model, prompts, **kv))
+        batch.mark()
+        logits = batch.forward(mx.array([[5, 0], [7, 1]]), [1, 2])
+        for row, (tokens, column) in enumerate(zip([[1, 2, 3, 4, 5], [6, 7, 1]], (0, 1))):
+            cache = [QuantizedKVCache(32, kv_bits) for _ in model.layers] if kv_bits else make_prompt_cache(model)
+            alone = model(mx.array([tokens]), cache=cache)[0, -1]
+            if not mx.allclose(logits[row, column], alone, atol=1e-4):
+                return False
+    return True

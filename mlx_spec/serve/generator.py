@@ -1,0 +1,254 @@
+"""The server's generation thread: it owns every MLX array, runs the jobs the event loop hands it (a bounded
+queue), and sends each job's events back to the event loop. Jobs that can share a batch (same drafter, no
+pinned draft length, not mlx-spec's own stream) are decoded together, up to `batch_size`, joining and leaving
+as they come and finish (`Engine.stream_many`); the others run one at a time, in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+from starlette.responses import JSONResponse
+
+from ..core.events import Done, Round
+from ..core.sampling import SamplingParams
+from ..decode.batched import Job as BatchJob
+from ..decode.engine import Engine
+from ..seams import memory
+from ..seams.errors import SpecError
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), self.status, headers=self.headers)
+
+
+@dataclass
+class Job:
+    """One request's generation: built on the event loop, run on the generation thread."""
+
+    prompt: list[int] | list[dict]  # token ids, or a chat (the engine keeps the tokens of the one before)
+    params: SamplingParams
+    max_tokens: int
+    stop: list[str]
+    seed: int
+    drafter: str | None
+    draft_len: int | None  # pinned drafts per round, None: the adaptive policy
+    deadline: float
+    native: bool = False  # mlx-spec's own stream: rounds too, and a memory report before the end
+    tools: list[dict] | None = None  # what a chat may call (the chat template shows them to the model)
+    prompt_tokens: int = 0  # as the request's prompt was rendered when it came (before any prefill)
+    grammar: object = None  # grammar.Grammar: what the output must match
+    logprobs: int | None = None  # report log-probabilities, and this many likeliest tokens (runs on its own)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    loop: asyncio.AbstractEventLoop = None
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: bool = False  # the client went away
+    stop_requested: bool = False  # the client asked to stop: it ends as "stopped", with its statistics
+
+    def send(self, event) -> None:
+        """From the generation thread: an engine event, or an APIError that ends the job."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+@dataclass
+class Call:
+    """Something other than a generation that must run on the generation thread (it touches MLX arrays)."""
+
+    run: callable
+    loop: asyncio.AbstractEventLoop
+    result: asyncio.Future
+    id: str = ""
+    cancelled: bool = False
+
+    def send(self, outcome) -> None:
+        """From the generation thread: the value, or an APIError."""
+        done = self.result.set_exception if isinstance(outcome, APIError) else self.result.set_result
+        self.loop.call_soon_threadsafe(done, outcome)
+
+
+class Generator:
+    """The one thread that runs the engine: jobs in arrival order from a bounded queue."""
+
+    def __init__(self, engine: Engine, max_queue: int, batch_size: int = 1):
+        """batch_size: jobs decoded together at most (1: one at a time)."""
+        self.engines = {engine.status().drafter: engine}  # drafter name -> engine on the same weights
+        self.default, self.batch_size = engine, batch_size
+        self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
+        self.deferred: deque = deque()  # taken from `jobs` while a batch ran, but not for that batch
+        self.live: dict[str, Job] = {}  # id -> a job waiting or running
+        self.running: tuple[Job, Engine] | None = None
+        self.closing = False
+        self.thread = threading.Thread(target=self.run, name="mlx-spec generation", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        if self.closing:
+            raise APIError(503, "the server is shutting down", kind="server_error", code="shutting_down")
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise APIError(503, f"the server is busy ({self.jobs.maxsize} requests waiting): retry later",
+                           kind="server_error", code="queue_full", headers={"Retry-After": "5"}) from None
+        if job.id:
+            self.live[job.id] = job
+
+    async def call(self, run: callable):
+        """run() on the generation thread, in turn with the jobs; its value, or its APIError raised here."""
+        call = Call(run, asyncio.get_running_loop(), asyncio.get_running_loop().create_future())
+        self.submit(call)
+        return await call.result
+
+    def control(self, job_id: str, draft_len=..., stop: bool = False) -> None:
+        """Pin a job's draft length (from its next round, or from its start) or ask it to stop."""
+        job = self.live.get(job_id)
+        if job is None:
+            raise APIError(404, f"no generation {job_id!r} is waiting or running here", "id", "job_not_found")
+        if draft_len is not ...:
+            job.draft_len = draft_len
+            if (running := self.running) and running[0] is job:
+                running[1].pin(draft_len)
+        job.stop_requested |= stop
+
+    def engine_for(self, drafter: str | None) -> Engine:
+        name = drafter or self.default.status().drafter
+        if name not in self.engines:
+            self.engines[name] = self.default.with_drafter(name)
+        return self.engines[name]
+
+    def run(self) -> None:
+        while True:
+            job = self.deferred.popleft() if self.deferred else self.jobs.get()
+            if job is None:
+                return
+            if self.closing or job.cancelled:
+                job.send(APIError(503, "the server is shutting down", kind="server_error", code="shutting_down"))
+                self.live.pop(job.id, None)
+                continue
+            try:
+                if isinstance(job, Call):
+                    job.send(job.run())
+                elif self.batchable(job):
+                    self.generate_batch(job)
+                else:
+                    self.generate(job)
+            except SpecError as e:
+                job.send(APIError(400, str(e)))
+            except Exception:
+                traceback.print_exc(file=sys.stderr)
+                job.send(APIError(500, "internal error: see the server's log", kind="server_error"))
+            finally:
+                self.running = None
+                self.live.pop(job.id, None)
+
+    def generate(self, job: Job) -> None:
+        engine = self.engine_for(job.drafter)
+        self.running = (job, engine)
+        engine.pin(job.draft_len)  # after `running`: a pin that comes meanwhile reaches this engine
+        ended = lambda: job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline
+        for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed, should_stop=ended,
+                                   tools=job.tools, grammar=job.grammar, logprobs=job.logprobs):
+            if isinstance(event, Done) and job.native:
+                job.send(memory.report(engine))
+            if job.native or not isinstance(event, Round):
+                job.send(event)
+
+    def batchable(self, job: Job) -> bool:
+        """Whether `job` may share a batch; a drafter that fails to load says so when the job runs alone (its own
+        400), not in the middle of a batch it would end for everyone."""
+        if self.batch_size == 1 or job.native or job.logprobs is not None:
+            return False
+        try:
+            return self.engine_for(job.drafter).batch_problem() is None
+        except SpecError:
+            return False
+
+    def generate_batch(self, first: Job) -> None:
+        """`first` and the jobs that arrive for the same engine while it runs, decoded together. Calls that
+        arrive meanwhile run between rounds; other jobs wait in `deferred`, and once one waits no more join."""
+        engine, jobs, waiting = self.engine_for(first.drafter), {}, [first]
+        chats, prompts = {}, {}  # each job's chat as rendered (None: not a chat) and its prompt's tokens
+
+        def take():
+            while True:
+                if waiting:
+                    job = waiting.pop()
+                elif self.deferred:
+                    return None
+                else:
+                    try:
+                        job = self.jobs.get_nowait()
+                    except queue.Empty:
+                        return None
+                if job is None or (isinstance(job, Job) and not (self.batchable(job)
+                                                                 and self.engine_for(job.drafter) is engine)):
+                    self.deferred.append(job)
+                    return None
+                if self.closing or job.cancelled:
+                    job.send(APIError(503, "the server is shutting down", kind="server_error", code="shutting_down"))
+                    self.live.pop(job.id, None)
+                    continue
+                if isinstance(job, Call):
+                    job.send(job.run())
+                    continue
+                try:
+                    jobs[job.id] = job
+                    prompt, chats[job.id] = engine.encode_chat(job.prompt, job.tools)
+                    engine.check_fits(len(prompt), job.max_tokens)
+                    prompts[job.id] = prompt
+                    return job.id, BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed,
+                                            job.draft_len, job.grammar)
+                except SpecError as e:
+                    job.send(APIError(400, str(e)))
+                    del jobs[job.id]
+                    self.live.pop(job.id, None)
+
+        def should_stop(key) -> bool:
+            job = jobs[key]
+            return job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline
+
+        try:
+            for key, event in engine.stream_many(take, self.batch_size, should_stop):
+                if not isinstance(event, Round):
+                    jobs[key].send(event)
+                if isinstance(event, Done):
+                    engine.remember_chat(chats.pop(key), prompts.pop(key), event)
+                    self.live.pop(jobs.pop(key).id, None)
+        except Exception as e:
+            if not isinstance(e, SpecError):
+                traceback.print_exc(file=sys.stderr)
+            for job in jobs.values():
+                job.send(APIError(400, str(e)) if isinstance(e, SpecError) else
+                         APIError(500, "internal error: see the server's log", kind="server_error"))
+                self.live.pop(job.id, None)
+
+    def shutdown(self) -> None:
+        """Fail the waiting jobs, stop the running one at its next round, end the thread."""
+        self.closing = True
+        if running := self.running:
+            running[1].stop()
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.send(APIError(503, "the server is shutting down", kind="server_error", code="shutting_down"))
+        self.jobs.put_nowait(None)
