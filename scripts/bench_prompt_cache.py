@@ -33,7 +33,8 @@ from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from timings import raw_line  # noqa: E402
 from mlx_spec.core.events import Done, Token  # noqa: E402
 
-SOURCES = ["engine.py", "caches.py", "target.py", "verify.py", "sampling.py", "policy.py", "ragged.py", "server.py"]
+SOURCES = ["decode/engine.py", "seams/caches.py", "runners/target.py", "core/verify.py", "core/sampling.py",
+           "policy/sequence.py", "runners/ragged.py", "serve/server.py"]
 SOURCE = Path(mlx_spec.__file__).parent
 BUDGET = 4_000_000_000
 

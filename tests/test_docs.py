@@ -84,10 +84,11 @@ def test_the_cli_reference_says_what_help_says(command):
             assert text in words, f"{command} {action.option_strings}: docs/cli.md says another help or default"
 
 
-@pytest.mark.parametrize("script", ["error_reference.py", "doc_figures.py"])
+@pytest.mark.parametrize("script", ["error_reference.py", "doc_figures.py", "architecture.py"])
 def test_generated_pages_match_what_they_are_written_from(script):
     """docs/troubleshooting.md lists every one-line error the code raises; every figures block in README.md and
-    docs/ holds what its record in docs/benchmarks/ says (no speed figure typed by hand)."""
+    docs/ holds what its record in docs/benchmarks/ says (no speed figure typed by hand); docs/architecture.md
+    shows the wings and modules the code has."""
     import subprocess
     import sys
 

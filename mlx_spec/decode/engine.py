@@ -447,7 +447,7 @@ class Engine:
         """Decode `jobs` (`batched.Job`s: token ids and their settings), `batch_size` at a time in one batch
         (`batched.BatchedDecoder`; 1: one after another with `generate`); yields (the job's index, its Result) as
         each finishes. Drafting as this engine's: its drafter (drafting for the batch: `batched(target_batch)`),
-        its pinned length or the adaptive policy (`batch_policy.BatchDraftLength`); a job's own `draft_len` first."""
+        its pinned length or the adaptive policy (`policy.batch.BatchDraftLength`); a job's own `draft_len` first."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise SpecError(f"batch size must be a whole number >= 1, got {batch_size!r}")
         if batch_size == 1:

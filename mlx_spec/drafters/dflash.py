@@ -21,11 +21,14 @@ from heapq import heappop, heappush
 import mlx.core as mx
 
 from ..core.sampling import SamplingParams
-from ..models.dflash import BlockDrafterModel
-from ..runners.target import PREFILL_CHUNK, Step
+from ..models.dflash import BlockDrafterModel, block_kind, load_block_drafter
+from ..models.dflash import read_config as block_config
+from ..runners.checkpoint import check_memory, vocab_size
+from ..runners.target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
 from ..seams import compat
 from ..seams.caches import restore, snapshot
-from .protocol import Draft, RowDrafters, draft_autoregressively
+from ..seams.errors import SpecError
+from .protocol import Draft, Kind, Pairing, RowDrafters, draft_autoregressively
 
 
 def best_first_tree(logits: mx.array, budget: int) -> Draft:
@@ -60,7 +63,7 @@ class BlockDrafter:
 
     def __init__(self, model: BlockDrafterModel, target_model):
         """The target must be run with `Target(..., hidden=...)` reading the outputs of the drafter's target
-        layers (`loading.block_features`)."""
+        layers (`features`)."""
         self.model = self.weights = model
         self.name, self.target_model = model.config["kind"], target_model
         self.embed = model.embed_tokens if "embed_tokens" in model else compat.input_embedding(target_model)
@@ -174,3 +177,40 @@ class BlockDrafter:
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         self.pending.append(step.hidden)  # the round's last token and accepted drafts
 
+
+def features(pairing: Pairing) -> list[int]:
+    """The target's hidden states a block drafter reads (the outputs of its target layers, as `hidden_reader`
+    indices), after checking that it was trained for this target."""
+    path, target = pairing.draft_path, pairing.target
+    block = block_config(pairing.draft_config, path)
+    text = target.config.get("text_config", target.config)
+    layers, hidden, vocab = text["num_hidden_layers"], text["hidden_size"], vocab_size(target.config)
+    ids = block["target_layer_ids"]
+    trained = (block["hidden_size"], block["target_layers"] or layers, block["vocab_size"])  # speculators': no count
+    if trained != (hidden, layers, vocab) or max(ids) >= layers:
+        counted = f"{block['target_layers']} target layers" if block["target_layers"] else f"layer ids up to {max(ids)}"
+        raise SpecError(f"the {block['kind']} drafter {path} (hidden size {block['hidden_size']}, "
+                        f"{counted}, vocabulary {block['vocab_size']}) was not trained "
+                        f"for {target.path} (hidden size {hidden}, {layers} layers, vocabulary {vocab}): use the "
+                        "drafter published for this target (see models.toml)")
+    if not 0 <= block["mask"] < vocab:
+        raise SpecError(f"the {block['kind']} drafter {path}: its mask token {block['mask']} is outside the "
+                        f"vocabulary of {vocab}: re-download the drafter")
+    return [i + 1 for i in ids]
+
+
+def build(pairing: Pairing, runner) -> BlockDrafter:
+    check_memory(pairing.draft_path, None, what="block drafter")
+    return BlockDrafter(load_block_drafter(pairing.draft_path, pairing.draft_config), pairing.target.model)
+
+
+def tree_problem(pairing: Pairing, drafter: BlockDrafter) -> str | None:
+    if drafter.name in ("dspark", "dflash2"):
+        return f"{pairing.draft_path.name} is a {drafter.name} drafter: each draft depends on the one before"
+    return None
+
+
+KINDS = [Kind("block", build, recognises=lambda pairing: bool(block_kind(pairing.draft_config)), reads=features,
+              max_draft_len=lambda pairing: min(block_config(pairing.draft_config, pairing.draft_path)["drafts"],
+                                                MAX_DRAFT_LEN),
+              tree_problem=tree_problem)]

@@ -7,10 +7,26 @@ import mlx.core as mx
 import numpy as np
 
 from ..core.sampling import SamplingParams
+from ..models.mtp_head import is_mtp_head
+from ..runners.checkpoint import (
+    check_memory,
+    kv_quantization_problem,
+    load_checkpoint,
+    vocab_mismatch,
+    vocab_size,
+)
 from ..runners.prompt_cache import common_prefix
 from ..runners.ragged import RaggedBatch
 from ..runners.target import Step, Target
-from .protocol import Draft, draft_autoregressively, draft_batch, grow_tree
+from ..seams.errors import SpecError
+from .protocol import (
+    Draft,
+    Kind,
+    Pairing,
+    draft_autoregressively,
+    draft_batch,
+    grow_tree,
+)
 
 
 class DraftModelDrafter:
@@ -176,3 +192,32 @@ class BatchedDraftModel:
         kept = [fed + min(count, self.longest - 1) for fed, count in zip(self.fed, accepted)]
         self.batch.keep(kept)
         self.fed = None
+
+
+def check(pairing: Pairing) -> None:
+    if is_mtp_head(pairing.draft_config):
+        raise SpecError(f"{pairing.draft_model} is an MTP head: draft with it by --mtp-path {pairing.draft_model}")
+
+
+def build(pairing: Pairing, runner) -> DraftModelDrafter:
+    """A draft model of the target's vocabulary, whose cache rolls back."""
+    path, target, kv_bits = pairing.draft_path, pairing.target, pairing.kv_bits
+    check_memory(path, None, what="draft model")
+    draft, draft_tok, draft_cfg = load_checkpoint(path, "draft model")
+    if kv_bits and (problem := kv_quantization_problem(draft_cfg, pairing.kv_group_size)):
+        raise SpecError(f"--kv-bits cannot be used with the draft model {path}: {problem}")
+    if why := vocab_mismatch(target.tokenizer, target.config, draft_tok, draft_cfg):
+        raise SpecError(f"draft model {path} does not share the target's vocabulary: {why}; "
+                        "use a draft from the same model family")
+    drafter = DraftModelDrafter(draft, vocab_size(target.config), kv_bits, pairing.kv_group_size)
+    if problem := drafter.runner.rollback_problem():
+        raise SpecError(f"draft model {path} cannot be used: {problem}")
+    return drafter
+
+
+def tree_problem(pairing: Pairing, drafter: DraftModelDrafter) -> str | None:
+    problem = drafter.runner.tree_problem(by_levels=True)
+    return f"{pairing.draft_path.name} {problem}" if problem else None
+
+
+KINDS = [Kind("draft-model", build, check=check, tree_problem=tree_problem)]

@@ -12,10 +12,13 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..core.sampling import SamplingParams
-from ..models.eagle3 import Eagle3
+from ..models.eagle3 import Eagle3, feature_layers, is_eagle3, load_eagle3
+from ..models.eagle3 import read_config as eagle3_config
+from ..runners.checkpoint import check_memory, vocab_size
 from ..seams import compat
 from ..seams.caches import tree_forward
-from .protocol import Draft, grow_tree
+from ..seams.errors import SpecError
+from .protocol import Draft, Kind, Pairing, grow_tree
 from .qwen_mtp import MTPDrafter
 
 
@@ -47,3 +50,32 @@ class Eagle3Drafter(MTPDrafter):
             return self.head(g)
 
         return grow_tree(self.next_logits, k, self.width, score)[0]
+
+
+def features(pairing: Pairing) -> list[int]:
+    """The target layers an EAGLE-3 head reads, after checking that the head was trained for this target."""
+    path, target = pairing.draft_path, pairing.target
+    text = target.config.get("text_config", target.config)
+    layers, hidden = text["num_hidden_layers"], text["hidden_size"]
+    head = eagle3_config(pairing.draft_config, path)
+    read = feature_layers(head, layers)
+    if head["target_hidden"] != hidden or head["vocab_size"] != vocab_size(target.config) or max(read) >= layers:
+        raise SpecError(f"the EAGLE-3 head {path} (target hidden size {head['target_hidden']}, vocabulary "
+                        f"{head['vocab_size']}, features of layers {read}) was not trained for {target.path} "
+                        f"(hidden size {hidden}, vocabulary {vocab_size(target.config)}, {layers} layers): use the "
+                        "head published for this target (see models.toml)")
+    return read
+
+
+def build(pairing: Pairing, runner) -> Eagle3Drafter:
+    check_memory(pairing.draft_path, None, what="EAGLE-3 head")
+    return Eagle3Drafter(load_eagle3(pairing.draft_path, pairing.draft_config), pairing.target.model)
+
+
+def tree_problem(pairing: Pairing, drafter: Eagle3Drafter) -> str | None:
+    return f"{pairing.draft_path.name} has sliding-window layers, which draft chains only" if drafter.mtp.windowed \
+        else None
+
+
+KINDS = [Kind("eagle3", build, recognises=lambda pairing: is_eagle3(pairing.draft_config), reads=features,
+              tree_problem=tree_problem)]

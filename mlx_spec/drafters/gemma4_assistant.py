@@ -17,10 +17,21 @@ import mlx.core as mx
 import numpy as np
 
 from ..core.sampling import SamplingParams
-from ..models.gemma4_assistant import Gemma4Assistant
+from ..models.gemma4_assistant import Gemma4Assistant, is_assistant, load_assistant
+from ..runners.checkpoint import check_memory
 from ..runners.target import Step, Target
 from ..seams.caches import visible_kv
-from .protocol import Draft, LastHiddenRows, draft_autoregressively, draft_batch
+from ..seams.errors import SpecError
+from .protocol import (
+    Draft,
+    Kind,
+    LastHiddenRows,
+    Pairing,
+    draft_autoregressively,
+    draft_batch,
+)
+
+MAX_DRAFT_LEN = 4  # the adaptive policy's upper bound for an assistant, unless models.toml recommends one
 
 
 def text_model(target_model):
@@ -114,3 +125,42 @@ class BatchedAssistant(LastHiddenRows):
 
         first = next_logits(mx.array([context[-1] for context in contexts], dtype=mx.int32))
         return draft_batch(first, next_logits, contexts, lengths, params, keys)
+
+
+def mismatch(assistant_cfg: dict, target_cfg: dict) -> str | None:
+    """Why a Gemma 4 assistant cannot serve this target (None when it can)."""
+    text, own = target_cfg.get("text_config", target_cfg), assistant_cfg["text_config"]
+    if not text.get("model_type", "").startswith("gemma4"):
+        return f"the target is {target_cfg.get('model_type')!r}, not a Gemma 4 model"
+    if assistant_cfg["backbone_hidden_size"] != text["hidden_size"]:
+        return (f"it was trained on a backbone of hidden size {assistant_cfg['backbone_hidden_size']}, the target's "
+                f"is {text['hidden_size']}")
+    if own["vocab_size"] != text["vocab_size"]:
+        return f"vocabulary sizes differ ({text['vocab_size']} vs {own['vocab_size']})"
+    for key in ("head_dim", "global_head_dim", "num_key_value_heads"):
+        if own.get(key) != text.get(key):
+            return f"its {key} is {own.get(key)}, the target's K/V have {text.get(key)}"
+    return None
+
+
+def check(pairing: Pairing) -> None:
+    """The assistant pairs with the target: trained on its backbone, reading float K/V it has."""
+    path, target, config = pairing.draft_path, pairing.target, pairing.draft_config
+    if why := mismatch(config, target.config):
+        raise SpecError(f"the Gemma 4 assistant {path} does not pair with {target.path}: {why}; use the assistant "
+                        "published for this target (see models.toml)")
+    if pairing.kv_bits:
+        raise SpecError("the Gemma 4 assistant reads the target's K/V, which must stay float: drop --kv-bits")
+    missing = set(config["text_config"]["layer_types"]) - set(shared_kv_sources(target.model))
+    if missing:
+        raise SpecError(f"{target.path} has no non-shared {', '.join(sorted(missing))} layer for the assistant")
+
+
+def build(pairing: Pairing, runner: Target) -> AssistantDrafter:
+    check_memory(pairing.draft_path, None, what="draft model")
+    return AssistantDrafter(load_assistant(pairing.draft_path), runner)
+
+
+KINDS = [Kind("assistant", build, recognises=lambda pairing: is_assistant(pairing.draft_config), check=check,
+              reads=lambda pairing: "post", max_draft_len=lambda pairing: MAX_DRAFT_LEN,
+              chains_only="a Gemma 4 assistant proposes chains only")]

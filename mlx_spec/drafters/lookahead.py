@@ -19,7 +19,8 @@ import numpy as np
 
 from ..core.sampling import SamplingParams
 from ..runners.target import MAX_DRAFT_LEN, Step
-from .protocol import Draft
+from ..seams.errors import SpecError
+from .protocol import Draft, Kind
 
 PROMPT_NGRAM = 8  # tokens after the first of the prompt's n-grams in the pool (a round uses its draft length)
 
@@ -103,3 +104,13 @@ class LookaheadDrafter:
     def report(self) -> str:
         return (f"pool hit rate {self.hits / self.lookups:.0%} ({self.hits}/{self.lookups} rounds), "
                 f"{sum(map(len, self.pool.values()))} n-grams" if self.lookups else "")
+
+
+def build(pairing, runner) -> LookaheadDrafter:
+    if problem := runner.tree_problem():
+        raise SpecError(f"lookahead decoding verifies a token tree, and {pairing.target.path.name} {problem}: use "
+                        "--drafter ngram")
+    return LookaheadDrafter()
+
+
+KINDS = [Kind("lookahead", build=build)]

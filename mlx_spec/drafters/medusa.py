@@ -13,9 +13,11 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..core.sampling import SamplingParams
-from ..models.medusa import MedusaHeads
+from ..models.medusa import MedusaHeads, is_medusa, load_medusa, medusa_shape
+from ..runners.checkpoint import vocab_size
 from ..runners.target import Step
-from .protocol import Draft, LastHiddenRows
+from ..seams.errors import SpecError
+from .protocol import Draft, Kind, LastHiddenRows, Pairing
 
 
 class MedusaDrafter:
@@ -70,3 +72,22 @@ class BatchedMedusa(LastHiddenRows):
         hidden = self.stacked()
         tokens = mx.stack([mx.argmax(head(hidden), axis=-1) for head in self.heads.heads[:max(lengths)]], axis=1)
         return [Draft(tokens[row, :k].astype(mx.int32)) if k else Draft.empty() for row, k in enumerate(lengths)]
+
+
+def build(pairing: Pairing, runner) -> MedusaDrafter:
+    """Medusa heads, checked against their target."""
+    path, config, target = pairing.draft_path, pairing.draft_config, pairing.target
+    heads = load_medusa(path, config)
+    vocab, hidden = heads.heads[0].out.weight.shape
+    text = target.config.get("text_config", target.config)
+    trained_for = config.get("base_model_name_or_path", "another model")
+    if hidden != text["hidden_size"] or vocab != vocab_size(target.config):
+        raise SpecError(f"the Medusa heads {path} (hidden size {hidden}, vocabulary {vocab}) were trained for "
+                        f"{trained_for}, not {target.path} (hidden size {text['hidden_size']}, vocabulary "
+                        f"{vocab_size(target.config)}): use heads trained for this target")
+    return MedusaDrafter(heads)
+
+
+KINDS = [Kind("medusa", build, recognises=lambda pairing: is_medusa(pairing.draft_config),
+              reads=lambda pairing: "post",
+              max_draft_len=lambda pairing: medusa_shape(pairing.draft_config, pairing.draft_path)[0])]

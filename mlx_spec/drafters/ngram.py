@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from ..core.sampling import SamplingParams
 from ..runners.target import Step
-from .protocol import Draft, RowDrafters
+from .protocol import Draft, Kind, RowDrafters
 
 MATCH_CLASSES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # a draft's class: the longest of these its match reaches
 PRIOR = (0.3, 2.0)  # each class's acceptance before any verdict, and the verdicts it counts for
@@ -135,3 +135,6 @@ class NgramDrafter:
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         self.look(context)
+
+
+KINDS = [Kind("ngram", build=lambda pairing, runner: NgramDrafter())]

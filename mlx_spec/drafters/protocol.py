@@ -1,8 +1,10 @@
-"""The drafter protocol and what drafters share (the table of their kinds is `drafter_kinds`). Each drafter lives
+"""The drafter protocol and what drafters share (the table of their kinds is `kinds`). Each drafter lives
 in its own module."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 import mlx.core as mx
@@ -10,7 +12,8 @@ import numpy as np
 
 from ..core.draft import Draft
 from ..core.sampling import SamplingParams, distributions, greedy_tokens, sample
-from ..runners.target import Step
+from ..runners.checkpoint import LoadedTarget
+from ..runners.target import Step, Target
 
 
 def shape(drafter, width: int) -> str:
@@ -49,6 +52,47 @@ class Drafter(Protocol):
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         """The round kept `accepted` drafts; `context` now ends with them and the target's next token."""
+
+
+@dataclass
+class Pairing:
+    """What loading knows when it picks, checks and builds a drafter for a target: the target, the drafter's
+    checkpoint (--draft-model or --mtp-path, resolved, with its config) and the options that concern drafters."""
+
+    target: LoadedTarget
+    draft_model: str | None = None  # --draft-model as given (None: none used), and its folder and config
+    draft_path: Path | None = None
+    draft_config: dict | None = None
+    mtp_path: str | None = None  # --mtp-path as given (None: none used), and its folder and config
+    head_path: Path | None = None
+    head_config: dict | None = None
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    mtp_hidden: str = "post"
+    suffix_cache: Path | None = None
+
+
+def nothing(pairing: Pairing) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of drafter, as its module declares it (`KINDS`) and `loading.make_engine` uses it: whether it serves
+    a pairing (`recognises`), what it checks against the target before anything loads (`check`: a SpecError
+    naming both), the target's hidden states it reads (`reads`: None, "post" or "pre" the final norm, or the
+    outputs of chosen layers), the most drafts a round it makes (`max_draft_len`; None: the drafter name's
+    default), how it is built over the target's runner (`build`), and why the drafter built cannot draft token
+    trees (`tree_problem`; None: it can). `chains_only`: why --tree-width is refused outright (None: it is not)."""
+
+    name: str
+    build: Callable[[Pairing, Target], Drafter]
+    recognises: Callable[[Pairing], bool] = lambda pairing: True
+    check: Callable[[Pairing], None] = nothing
+    reads: Callable[[Pairing], str | list[int] | None] = nothing
+    max_draft_len: Callable[[Pairing], int | None] = nothing
+    tree_problem: Callable[[Pairing, Drafter], str | None] = lambda pairing, drafter: None
+    chains_only: str | None = None
 
 
 class RowDrafters:

@@ -16,10 +16,16 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..core.sampling import SamplingParams
+from ..models.mtp_head import ARCHITECTURE as MTP_HEAD
+from ..models.mtp_head import is_mtp_head, load_head
+from ..models.nextn import check_supported, is_nextn, load_nextn
+from ..models.qwen3_5 import checkpoint_files, lm_head, load_mtp, text_model
 from ..runners.ragged import RaggedBatch
 from ..runners.target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
+from ..seams import compat
 from ..seams.caches import make_caches, restore, rollback, snapshot
-from .protocol import Draft, draft_autoregressively, draft_batch
+from ..seams.errors import SpecError
+from .protocol import Draft, Kind, Pairing, draft_autoregressively, draft_batch
 
 # The prompt positions the layer gets rows for: its last 16. Their hidden states make the target's last layer
 # run in full where they are read (the cache alone skips its attention output and MLP): 29% of the demo's 4-layer
@@ -213,3 +219,44 @@ class BatchedMTP:
             self.built = None
         for row, (context, count) in enumerate(zip(contexts, accepted)):
             self.pending[row].append((context[-(count + 1):], hidden[row, :count + 1]))
+
+
+def check_head(pairing: Pairing) -> None:
+    """A trained MTP head (--mtp-path) is one, and reads what it was trained on."""
+    if not is_mtp_head(pairing.head_config):
+        raise SpecError(f"--mtp-path {pairing.mtp_path} holds no MTP head (its config.json does not name the "
+                        f"architecture {MTP_HEAD}): give a folder `mlx-spec train-mtp` wrote")
+    if pairing.mtp_hidden != "post":
+        raise SpecError("--mtp-hidden pre: a trained MTP head reads the target's post-norm hidden state; drop it")
+
+
+def build_head(pairing: Pairing, runner) -> MTPDrafter:
+    target = pairing.target
+    head = load_head(pairing.head_path, pairing.head_config, target.model, target.config)
+    return MTPDrafter(head, compat.input_embedding(target.model), head.logits)
+
+
+def build_nextn(pairing: Pairing, runner) -> MTPDrafter:
+    target = pairing.target
+    check_supported(target.config, target.path)
+    nextn = load_nextn(target.path, target.config, checkpoint_files(target.path))
+    return MTPDrafter(nextn, compat.input_embedding(target.model),
+                      lambda x: target.model.lm_head(nextn.shared_norm(x)))
+
+
+def build_qwen(pairing: Pairing, runner) -> MTPDrafter:
+    target = pairing.target
+    if text_model(target.model) is None:
+        raise SpecError(f"MTP drafting supports Qwen3.5 / 3.6 and Qwen3-Next checkpoints; {target.path} is "
+                        f"{target.config.get('model_type')!r}: use --drafter ngram or --draft-model")
+    return MTPDrafter(load_mtp(target.path, target.config), text_model(target.model).model.embed_tokens,
+                      lm_head(target.model))
+
+
+KINDS = [
+    Kind("mtp-head", build_head, recognises=lambda pairing: pairing.head_path is not None, check=check_head,
+         reads=lambda pairing: "post"),
+    Kind("nextn", build_nextn, recognises=lambda pairing: is_nextn(pairing.target.config),
+         reads=lambda pairing: pairing.mtp_hidden),
+    Kind("qwen-mtp", build_qwen, reads=lambda pairing: pairing.mtp_hidden),
+]

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..core.sampling import SamplingParams
 from ..runners.target import Step
-from .protocol import Draft, RowDrafters
+from .protocol import Draft, Kind, RowDrafters
 
 KEY = 3  # the lookup keys: the last 1 .. KEY tokens
 MAX_MATCH = 32  # the longest suffix matched
@@ -237,3 +237,6 @@ class SuffixDrafter:
 
     def report(self) -> str:
         return f"suffix index: {len(self.index.sequences)} sequences, {self.index.size} tokens"
+
+
+KINDS = [Kind("suffix", build=lambda pairing, runner: SuffixDrafter(shared_index(pairing.suffix_cache)))]

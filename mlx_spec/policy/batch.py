@@ -1,5 +1,5 @@
 """The adaptive draft length for a batch (`BatchDraftLength`): what a round of a batch costs by the tokens its
-target forward runs, and what is learnt of the text once for all rows. The policy for one sequence is policy.py's."""
+target forward runs, and what is learnt of the text once for all rows. The policy for one sequence is sequence.py's."""
 
 from __future__ import annotations
 
