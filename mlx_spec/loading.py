@@ -148,12 +148,12 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     def sibling(name: str) -> Engine:
         return make_engine(target, draft_model, name, draft_len, kv_bits, kv_group_size, mtp_hidden,
                            tree_width if DRAFTERS[name].trees else 1, mtp_path, suffix_cache)
-    runner.hidden_tail = getattr(chosen, "hidden_tail", None)
+    runner.hidden_tail = chosen.hidden_tail if chosen else None
     engine = Engine(runner, target.tokenizer, chosen, draft_len, max(max_draft_len, draft_len or 0), sibling,
                     available_drafters(target, draft_model, runner.tree_problem() is None, mtp_path) + ["off"],
                     context_length(target.config),
                     Profiles(str(target.path.resolve()), drafter, str(pairing.draft_path or mtp_path or ""),
-                             f"kv {kv_bits}", f"width {getattr(chosen, 'width', 1)}", str(target.distributed)))
+                             f"kv {kv_bits}", f"width {chosen.width if chosen else 1}", str(target.distributed)))
     engine.lockstep = target.lockstep
     return engine
 

@@ -201,6 +201,9 @@ MUTANTS = [
     Mutant("drafters draft without the grammar", "mlx_spec/decode/engine.py",
            "self.drafter.constrain = self.constrain_drafts if self.grammar else None", "self.drafter.constrain = None",
            ("tests/test_grammar.py::test_drafters_draft_within_the_grammar",)),
+    Mutant("a batch row's log-probabilities are read one verified row late", "mlx_spec/decode/batched.py",
+           "token_logprobs(logits[i, :a + 1]", "token_logprobs(logits[i, 1:a + 2]",
+           ("tests/test_logprobs.py::test_logprobs_of_batch_rows_equal_plain_decoding",)),
 ]
 
 

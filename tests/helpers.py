@@ -19,7 +19,8 @@ from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.utils import load
 from safetensors.numpy import load_file, save_file
 
-from mlx_spec.drafters.protocol import Draft
+from mlx_spec.drafters.protocol import Draft, Drafter
+from mlx_spec.policy.interface import DraftPolicy
 from mlx_spec.policy.batch import BatchDraftLength
 from mlx_spec.policy.sequence import AdaptiveDraftLength, FixedDraftLength
 from mlx_spec.core.verify import position_keys
@@ -132,7 +133,7 @@ def chat_ids(path, messages: list[dict]) -> list[int]:
     return loaded(str(path))[1].apply_chat_template(messages, add_generation_prompt=True)
 
 
-class CorruptedOracleDrafter:
+class CorruptedOracleDrafter(Drafter):
     """Proposes the known reference continuation with one wrong token at a random position (or none), so
     rounds end after every possible number of accepted drafts. It drives the engine; it is not under test."""
 
@@ -167,8 +168,8 @@ class ModelledCostPolicy(AdaptiveDraftLength):
         super().__init__(max_len, **kwargs)
         self.per_draft = per_draft
 
-    def observe(self, draft_len, accepted, seconds, asked=None):
-        super().observe(draft_len, accepted, 1.0 + self.per_draft * draft_len, asked)
+    def observe(self, draft_len, accepted, seconds, rows=None, asked=None):
+        super().observe(draft_len, accepted, 1.0 + self.per_draft * draft_len, rows, asked)
 
 
 class FlatCostBatchPolicy(BatchDraftLength):
@@ -195,7 +196,7 @@ class Unreadied(FixedDraftLength):
         return 0 if self.rounds < 3 else min(2, remaining - 1)
 
 
-class RandomDraftLengths:
+class RandomDraftLengths(DraftPolicy):
     """Seeded runs of one draft length and width each (length 0 included, up to 12 rounds long): every change of
     length and shape, drafting turned off for a while and back on, in a reproducible order."""
 
@@ -218,14 +219,6 @@ class RandomDraftLengths:
         decodes, no work on its prompt)."""
         return self.readied
 
-    def observe(self, draft_len, accepted, seconds, rows=None, asked=None):
-        pass
-
-    def explain(self):
-        return [self.note]
-
-    def profile(self):
-        return None
 
 
 def default_ctrl_c():

@@ -108,3 +108,42 @@ def test_the_mlx_lm_seam_stands_on_the_ground():
 def test_no_file_grows_past_the_limit():
     lines = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
     assert len(lines) > 40 and not {name: n for name, n in lines.items() if n > MAX_LINES}
+
+
+def probes(path: Path) -> list[str]:
+    """The getattr / hasattr calls in a file whose object is a drafter or a policy."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr") and node.args:
+            subject = ast.unparse(node.args[0])
+            if "drafter" in subject or "policy" in subject or subject == "chosen":
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_drafters_and_policies_are_asked_not_probed(tmp_path):
+    """What a drafter or a policy may do is declared on its base class (drafters/protocol.py Drafter, policy/
+    interface.py DraftPolicy): callers ask it, they never probe it."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("getattr(self.drafter, 'outlook', None)\nhasattr(policy, 'cut')\ngetattr(args, 'kind')\n")
+    assert len(probes(probe)) == 2
+    assert [found for path in modules().values() for found in probes(path)] == []
+
+
+def test_the_table_of_drafters_names_every_drafter_module_and_its_kinds():
+    """Every drafter module is in the one table (drafters/kinds.py) and declares its kinds; every drafter class
+    stands on the protocol's base."""
+    import importlib
+
+    from mlx_spec.drafters.kinds import DRAFTERS
+    from mlx_spec.drafters.protocol import Drafter, Kind
+
+    listed = {module for kind in DRAFTERS.values() for module in kind.modules}
+    folder = ROOT / "mlx_spec" / "drafters"
+    assert listed == {p.stem for p in folder.glob("*.py")} - {"__init__", "kinds", "protocol"}
+    for name in sorted(listed):
+        module = importlib.import_module(f"mlx_spec.drafters.{name}")
+        assert module.KINDS and all(isinstance(kind, Kind) for kind in module.KINDS), name
+        classes = [value for value in vars(module).values() if isinstance(value, type)
+                   and value.__module__ == module.__name__ and value.__name__.endswith("Drafter")]
+        assert classes and all(issubclass(c, Drafter) for c in classes), name

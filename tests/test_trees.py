@@ -11,6 +11,7 @@ from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
 import mlx_spec
 from mlx_spec.core.draft import Draft
 from mlx_spec.decode.engine import Engine
+from mlx_spec.drafters.protocol import Drafter
 from mlx_spec.core.sampling import SamplingParams, distributions
 from mlx_spec.runners.target import Target
 from mlx_spec.core.verify import position_keys, verify_tree
@@ -18,7 +19,7 @@ from mlx_spec.core.verify import position_keys, verify_tree
 MAX_TOKENS = 120
 
 
-class OracleTreeDrafter:
+class OracleTreeDrafter(Drafter):
     """A tree of `width` nodes per level around the known reference continuation: the right token at a random
     sibling place (sometimes corrupted, so rounds end at every depth), wrong siblings with children of their own.
     It drives the engine; it is not under test."""

@@ -25,8 +25,8 @@ from typing import Callable, Iterable, Iterator
 import mlx.core as mx
 
 from ..core.draft import Draft
-from ..core.events import Done, Result, Round, Text, Token, emit
-from ..core.sampling import SamplingParams
+from ..core.events import Done, Result, Round, Text, collect, emit
+from ..core.sampling import SamplingParams, token_logprobs
 from ..core.stats import Stats
 from ..core.text_stream import TextStream
 from ..core.verify import position_keys, verify_draft
@@ -50,6 +50,7 @@ class Job:
     seed: int = 0
     draft_len: int | None = None  # this row's own pinned draft length (0: none); None: the batch's policy
     grammar: object = None  # grammar.Grammar: what this row's output must match (None: anything)
+    logprobs: int | None = None  # each Token's log-probability and this many likeliest tokens' (None: none)
 
 
 class Row:
@@ -78,7 +79,7 @@ class Row:
         self.stats.decode_seconds = time.perf_counter() - self.started - self.stats.prefill_seconds
         self.stats.generated_tokens = len(self.generated)
         self.stats.record_memory()
-        if hasattr(self.policy, "explain"):
+        if self.policy is not None:
             self.stats.policy_reasons = self.policy.explain()[1:]
         return [Text(tail)] * bool(tail) + [Done(self.stop_reason, self.text.text, self.generated, self.stats)]
 
@@ -110,12 +111,12 @@ def batch_problem(model, drafter=None) -> str | None:
     """Why this model and drafter decode one sequence at a time (None: they can be batched)."""
     if problem := RaggedBatch.problem(model):
         return f"batched decoding is not available for this model ({problem})"
-    if drafter is not None and getattr(drafter, "batched", None) is None:
+    if drafter is not None and drafter.batched is None:
         return (f"the {drafter.name} drafter does not draft in batches yet (n-gram, draft models, MTP layers and "
                 "heads, EAGLE-3 and Medusa heads, Gemma 4 assistants and block drafters do)")
-    if drafter is not None and getattr(drafter, "width", 1) > 1:
+    if drafter is not None and drafter.width > 1:
         return f"the {drafter.name} drafter proposes token trees, which are not drafted in batches: use --tree-width 1"
-    if drafter is not None and hasattr(drafter, "batch_problem") and (problem := drafter.batch_problem()):
+    if drafter is not None and (problem := drafter.batch_problem()):
         return f"the {drafter.name} drafter cannot draft in batches: {problem}"
     return None
 
@@ -162,12 +163,11 @@ class BatchedDecoder:
     def run(self, jobs: Iterable[Job], batch_size: int) -> Iterator[tuple[int, Result]]:
         """Decode every job, at most `batch_size` at a time; yields (its index in `jobs`, its Result) as each
         finishes."""
-        queue, from_draft = deque(enumerate(jobs)), {}
+        queue, events = deque(enumerate(jobs)), {}
         for index, event in self.stream(lambda: queue.popleft() if queue else None, batch_size):
-            if isinstance(event, Token):
-                from_draft.setdefault(index, []).append(event.from_draft)
-            elif isinstance(event, Done):
-                yield index, Result(event.text, event.tokens, event.stop_reason, event.stats, from_draft.pop(index, []))
+            events.setdefault(index, []).append(event)
+            if isinstance(event, Done):
+                yield index, collect(iter(events.pop(index)))
 
     def stream(self, take: Callable[[], tuple | None], batch_size: int,
                should_stop: Callable[[object], bool] = lambda key: False) -> Iterator[tuple[object, object]]:
@@ -259,15 +259,13 @@ class BatchedDecoder:
         """Keep what row `index` of `batch` holds (of `tokens`) in the prompt cache; `prompt`: a prompt just
         prefilled, kept where the target's cache cannot be cut back (a point the next turn may reuse)."""
         if self.prefixes and tokens and (not prompt or not self.prefixes.target.cuttable):
-            held = self.drafters.row_state(index, tokens) if not prompt and hasattr(self.drafters, "row_state") \
-                else None
+            held = self.drafters.row_state(index, tokens) if not prompt and self.drafters else None
             self.prefixes.store(tokens[:int(batch.offsets[index])], batch.row_positions(index), held)
 
     def _joined(self, drafters, rows: list[Row], row: Row, hidden: mx.array | None) -> None:
         """`row`, its prompt now in the batch's cache, joins the rows (and its drafter, with `hidden`)."""
         if drafters:
-            takes_back = row.drafter_held and hasattr(drafters, "row_state")  # a drafter the prompt cache serves
-            drafters.join(row.context, hidden, row.ready, **({"held": row.drafter_held} if takes_back else {}))
+            drafters.join(row.context, hidden, row.ready, row.drafter_held)
         row.stats.prefill_seconds = time.perf_counter() - row.started
         rows.append(row)
 
@@ -283,11 +281,8 @@ class BatchedDecoder:
             self.lone, self.rounds_alone = rows[0], 0  # are its context depth's) and its first rounds are not timed
             policy.begin(len(rows[0].context))
         remaining = [row.job.max_tokens - len(row.generated) - emitting for row in rows]
-        if isinstance(policy, BatchDraftLength):
-            policy.resize(len(rows))
-            longest = policy.next_draft_len(max(remaining))
-        else:
-            longest = policy.next_draft_len(max(remaining), getattr(self.drafters, "outlook", None))
+        policy.resize(len(rows))
+        longest = policy.next_draft_len(max(remaining), self.drafters.outlook if self.drafters else None)
         plan = Plan([], [], [], policy=policy)
         for row, left in zip(rows, remaining):
             row.random, draft_key = mx.random.split(row.random)
@@ -312,7 +307,8 @@ class BatchedDecoder:
         join), makes the next round's plan before its tokens reach the host and, when that one is plain too, starts
         it meanwhile (penalties, counted on the host, run one round at a time)."""
         start, plan, self.plan = time.perf_counter(), self.plan or self._plan(rows), None
-        if any(plan.lengths) or any(row.job.params.has_penalties or row.job.grammar for row in rows):
+        if any(plan.lengths) or any(row.job.params.has_penalties or row.job.grammar or row.job.logprobs is not None
+                                    for row in rows):
             return self._speculate(batch, drafters, rows, plan, start)
         started_ahead = plan.step is not None
         if not started_ahead:
@@ -336,9 +332,9 @@ class BatchedDecoder:
         """A round with drafts (or penalties): draft, verify every row in one forward, keep what each accepts."""
         drafts = (drafters.propose([row.context for row in rows], plan.lengths, [row.job.params for row in rows],
                                    plan.draft_keys) if drafters else [Draft.empty() for _ in rows])
-        if plan.policy is self.alone:  # a lone row's chain shortened by the drafter's own estimates, as alone
+        if plan.policy.cuts:  # a lone row's chain shortened by the drafter's own estimates, as alone
             drafts = [d if d.confidence is None or row.job.draft_len is not None else
-                      d.first(self.alone.cut(d.confidence.tolist())) for row, d in zip(rows, drafts)]
+                      d.first(plan.policy.cut(d.confidence.tolist())) for row, d in zip(rows, drafts)]
         drafts = [d.first(row.job.grammar.valid_prefix(d.tokens.tolist())) if row.job.grammar and d.q is None else d
                   for row, d in zip(rows, drafts)]  # one-hot drafts a grammar rejects can only be rejected
         width = 1 + max(d.tokens.shape[0] for d in drafts)
@@ -354,7 +350,11 @@ class BatchedDecoder:
         mx.eval([d.tokens for d in drafts], verdicts)  # the round's only host synchronisation
         accepted = [a.item() for a, _ in verdicts]
         batch.keep([a + 1 for a in accepted])
-        events = self._emit(rows, drafts, accepted, [next_token.item() for _, next_token in verdicts])
+        next_tokens = [next_token.item() for _, next_token in verdicts]
+        logprobs = [None if row.job.logprobs is None else  # the rows that scored the emitted tokens
+                    token_logprobs(logits[i, :a + 1], d.tokens[:a].tolist() + [token], row.job.logprobs)
+                    for i, (row, d, a, token) in enumerate(zip(rows, drafts, accepted, next_tokens))]
+        events = self._emit(rows, drafts, accepted, next_tokens, logprobs)
         if drafters:
             drafters.accept([row.context for row in rows], accepted, hidden)
         self._observe(plan, width - 1, accepted, time.perf_counter() - start, [d.tokens.shape[0] for d in drafts])
@@ -374,11 +374,12 @@ class BatchedDecoder:
         plan.policy.observe(longest, accepted[0], seconds if self.rounds_alone > UNTIMED_ROUNDS else None,
                             asked=plan.lengths[0])
 
-    def _emit(self, rows: list[Row], drafts: list[Draft], accepted: list[int],
-              next_tokens: list[int]) -> list[tuple[object, object]]:
-        """Each row's accepted drafts and next token into its context, statistics and events."""
+    def _emit(self, rows: list[Row], drafts: list[Draft], accepted: list[int], next_tokens: list[int],
+              logprobs: list | None = None) -> list[tuple[object, object]]:
+        """Each row's accepted drafts and next token into its context, statistics and events (with each token's
+        (log p, likeliest) from `logprobs`, a row's list or None)."""
         events = []
-        for row, d, a, next_token in zip(rows, drafts, accepted, next_tokens):
+        for row, d, a, next_token, scored in zip(rows, drafts, accepted, next_tokens, logprobs or [None] * len(rows)):
             new_tokens = d.tokens[:a].tolist() + [next_token]
             verdict = Round(d.tokens.shape[0], a, d.tokens.shape[0])
             row.context += new_tokens
@@ -388,6 +389,8 @@ class BatchedDecoder:
                 row.job.grammar.advance(new_tokens)
             tokens, row.stop_reason = emit(new_tokens, a, row.generated, row.text, self.tokenizer.eos_token_ids,
                                            row.job.max_tokens)
+            for token, (logprob, top) in zip(tokens, scored or []):
+                token.logprob, token.top_logprobs = logprob, top
             events += [(row.key, event) for event in [verdict, *tokens]]
             row.policy = self._policy(len(rows)) if row.job.draft_len is None or not self.make_drafters else \
                 FixedDraftLength(row.job.draft_len)

@@ -78,7 +78,7 @@ class Engine:
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.context_length = context_length
         self.max_draft_len, self.sibling, self.drafters = max_draft_len, sibling, list(drafters)
-        self.tree_width = getattr(drafter, "width", 1)  # > 1: trees, a round's width the policy's (or chains)
+        self.tree_width = drafter.width if drafter else 1  # > 1: trees, a round's width the policy's (or chains)
         self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
         self.conversations: list[tuple[str, list[int]]] = []  # the last chats answered, as text and as tokens
         self.prompt_cache: PromptCache | None = None  # sequences kept besides the live one (None: none)
@@ -88,7 +88,7 @@ class Engine:
         self.round_logprobs: list = []  # the last round's, a (log p, top) for each token it emitted
         self.profiles = profiles
         self.learnt = profiles.read() if profiles else None  # what the adaptive policy learnt, to start the next
-        if isinstance(self.learnt, dict) and hasattr(drafter, "start_from"):  # and the drafter of its drafts
+        if isinstance(self.learnt, dict) and drafter:  # and the drafter of its drafts
             drafter.start_from(self.learnt.get("drafter"))
         self.batch_policy = None  # the adaptive policy of the last batch (`_decoder`), which the next goes on with
         self.pin(draft_len)
@@ -125,9 +125,9 @@ class Engine:
     def status(self) -> EngineStatus:
         policy = self.next_policy
         return EngineStatus(self.drafter.name if self.drafter else "off", policy.note,
-                            getattr(policy, "pinned", None), self.max_draft_len, self.drafters,
+                            policy.pinned, self.max_draft_len, self.drafters,
                             shape(self.drafter, self.tree_width),
-                            getattr(policy, "draft_len", None) if self.drafter else 0, policy.explain())
+                            policy.draft_len if self.drafter else 0, policy.explain())
 
     def cache_prompts(self, budget: int) -> None:
         """Keep the sequences generations ran, besides the last, in at most `budget` bytes (0: none), so that a
@@ -196,7 +196,7 @@ class Engine:
         prompt_ids = list(context)
         self.stop_requested = False
         self.policy = self.policy_now()
-        getattr(self.policy, "begin", lambda depth: None)(len(context))  # round costs depend on the context's depth
+        self.policy.begin(len(context))  # round costs depend on the context's depth
         stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
         mx.reset_peak_memory()
         start = time.perf_counter()
@@ -207,7 +207,7 @@ class Engine:
             prompt_step = self.target.prefill(context[:-1], cached, hidden=self.policy.drafts_at(1),
                                               interrupted=lambda: not self.lockstep and (self.stop_requested
                                                                                          or should_stop()),
-                                              absorb=getattr(self.drafter, "absorb", None))
+                                              absorb=self.drafter.absorb if self.drafter else None)
         except Interrupted:
             stats.prefill_seconds = time.perf_counter() - start
             yield Done("stopped", "", [], stats)
@@ -261,7 +261,7 @@ class Engine:
         stats.generated_tokens = len(generated)
         stats.policy, stats.policy_reasons = self.policy.note, self.policy.explain()[1:]
         self.keep_profile(self.policy)
-        stats.drafter_report = self.drafter.report() if hasattr(self.drafter, "report") else ""
+        stats.drafter_report = self.drafter.report() if self.drafter else ""
         stats.record_memory()
         done = Done(stop_reason, text.text, generated, stats)
         self.remember_chat(chat, prompt_ids, done)
@@ -272,7 +272,7 @@ class Engine:
     def keep_profile(self, policy) -> None:
         """What `policy` (None: nothing) and the drafter learnt, for the next generation (and on disk, `profiles`)."""
         if learnt := policy and policy.profile():
-            learnt["drafter"] = self.drafter.estimates() if hasattr(self.drafter, "estimates") else None
+            learnt["drafter"] = self.drafter.estimates() if self.drafter else None
             self.learnt = learnt
             if self.profiles:
                 self.profiles.write(learnt)
@@ -288,7 +288,7 @@ class Engine:
     def decide(self, remaining: int) -> int:
         """The next round's draft length (and tree width), by the policy in force (a `pin` takes effect here)."""
         self.policy = self.policy_now()
-        draft_len = self.policy.next_draft_len(remaining, getattr(self.drafter, "outlook", None))
+        draft_len = self.policy.next_draft_len(remaining, self.drafter.outlook if self.drafter else None)
         if self.tree_width > 1:
             self.drafter.width = self.policy.width
         return draft_len
@@ -349,10 +349,10 @@ class Engine:
         """One round: returns (its Round, the tokens to append to the context); the target draws by `seed`'s
         `position_keys`. With `seconds`, the draft and the target's forward are each timed on their own (slower)."""
         start = time.perf_counter()
-        if hasattr(self.drafter, "constrain"):  # chains that follow the grammar are not drafted in vain
+        if self.drafter:  # chains that follow the grammar are not drafted in vain
             self.drafter.constrain = self.constrain_drafts if self.grammar else None
         draft = self.drafter.propose(context, draft_len, params, draft_key) if draft_len else Draft.empty()
-        if draft.confidence is not None and hasattr(self.policy, "cut"):  # the drafter's own estimates shorten it
+        if draft.confidence is not None and self.policy.cuts:  # the drafter's own estimates shorten it
             draft = draft.first(self.policy.cut(draft.confidence.tolist()))
         if self.grammar is not None and draft.parents is None and draft.q is None:  # one-hot drafts the grammar
             draft = draft.first(self.grammar.valid_prefix(draft.tokens.tolist()))  # rejects can only be rejected
@@ -405,7 +405,7 @@ class Engine:
         the length it drafted."""
         context = self.encode(prompt)
         self.cached_context = []
-        prompt_step = self.target.prefill(context[:-1], absorb=getattr(self.drafter, "absorb", None))
+        prompt_step = self.target.prefill(context[:-1], absorb=self.drafter.absorb if self.drafter else None)
         if self.drafter:
             self.drafter.begin(context, prompt_step)
         if self.tree_width > 1:
@@ -457,13 +457,13 @@ class Engine:
                     self.pin(job.draft_len)
                 try:
                     result = self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed,
-                                           grammar=job.grammar)
+                                           grammar=job.grammar, logprobs=job.logprobs)
                 finally:
                     self.next_policy = engine_policy
                 yield index, result
             return
         fitting = (self.check_fits(len(job.prompt), job.max_tokens) or job for job in jobs)
-        decoder = self._decoder(getattr(self.next_policy, "pinned", None))
+        decoder = self._decoder(self.next_policy.pinned)
         try:
             yield from decoder.run(fitting, batch_size)
         finally:

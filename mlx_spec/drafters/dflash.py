@@ -28,7 +28,7 @@ from ..runners.target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
 from ..seams import compat
 from ..seams.caches import restore, snapshot
 from ..seams.errors import SpecError
-from .protocol import Draft, Kind, Pairing, RowDrafters, draft_autoregressively
+from .protocol import Draft, Drafter, Kind, Pairing, RowDrafters, draft_autoregressively
 
 
 def best_first_tree(logits: mx.array, budget: int) -> Draft:
@@ -56,10 +56,8 @@ def best_first_tree(logits: mx.array, budget: int) -> Draft:
                  parents=[place[chosen[n][1]] if chosen[n][1] >= 0 else -1 for n in order])
 
 
-class BlockDrafter:
+class BlockDrafter(Drafter):
     hidden_tail = None  # the context is every position's features
-    constrain = None  # the engine's, during a constrained generation (Drafter)
-    width, no_tree = 1, None  # > 1: DDTrees of width x draft length nodes (`make_engine` sets them)
 
     def __init__(self, model: BlockDrafterModel, target_model):
         """The target must be run with `Target(..., hidden=...)` reading the outputs of the drafter's target

@@ -20,7 +20,9 @@ from ..runners.ragged import RaggedBatch
 from ..runners.target import Step, Target
 from ..seams.errors import SpecError
 from .protocol import (
+    BatchDrafter,
     Draft,
+    Drafter,
     Kind,
     Pairing,
     draft_autoregressively,
@@ -29,9 +31,8 @@ from .protocol import (
 )
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     name = "draft-model"
-    constrain = None  # the engine's, during a constrained generation (Drafter)
 
     def __init__(self, model, vocab_size: int, kv_bits: int | None = None, kv_group_size: int = 64,
                  width: int = 1):
@@ -117,7 +118,7 @@ def fit_vocabulary(logits: mx.array, vocab_size: int) -> mx.array:
     return logits
 
 
-class BatchedDraftModel:
+class BatchedDraftModel(BatchDrafter):
     """The draft model drafting for a whole batch (`BatchedDecoder`): each draft step of every row in one forward
     over a RaggedBatch of the draft model's own, whose row i holds the first `batch.offsets[i]` tokens of its
     context; a round feeds each row the rest, then the drafted tokens, and keeps what the target accepted."""

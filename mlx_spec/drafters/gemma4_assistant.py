@@ -24,6 +24,7 @@ from ..seams.caches import visible_kv
 from ..seams.errors import SpecError
 from .protocol import (
     Draft,
+    Drafter,
     Kind,
     LastHiddenRows,
     Pairing,
@@ -46,9 +47,8 @@ def shared_kv_sources(target_model) -> dict[str, int]:
     return {layer.layer_type: i for i, layer in enumerate(text.layers[:first_shared])}
 
 
-class AssistantDrafter:
+class AssistantDrafter(Drafter):
     name = "assistant"
-    constrain = None  # the engine's, during a constrained generation (Drafter)
     hidden_tail = 1  # of the prompt's hidden states it reads the last only
 
     def __init__(self, assistant: Gemma4Assistant, target: Target):

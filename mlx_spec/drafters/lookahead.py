@@ -20,12 +20,12 @@ import numpy as np
 from ..core.sampling import SamplingParams
 from ..runners.target import MAX_DRAFT_LEN, Step
 from ..seams.errors import SpecError
-from .protocol import Draft, Kind
+from .protocol import Draft, Drafter, Kind
 
 PROMPT_NGRAM = 8  # tokens after the first of the prompt's n-grams in the pool (a round uses its draft length)
 
 
-class LookaheadDrafter:
+class LookaheadDrafter(Drafter):
     name = "lookahead"
 
     def __init__(self, window: int = 4, ngrams: int = 4):

@@ -17,10 +17,10 @@ from ..models.medusa import MedusaHeads, is_medusa, load_medusa, medusa_shape
 from ..runners.checkpoint import vocab_size
 from ..runners.target import Step
 from ..seams.errors import SpecError
-from .protocol import Draft, Kind, LastHiddenRows, Pairing
+from .protocol import Draft, Drafter, Kind, LastHiddenRows, Pairing
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     name = "medusa"
     hidden_tail = 1  # of the prompt's hidden states it reads the last only
 

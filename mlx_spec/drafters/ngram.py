@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from ..core.sampling import SamplingParams
 from ..runners.target import Step
-from .protocol import Draft, Kind, RowDrafters
+from .protocol import Draft, Drafter, Kind, RowDrafters
 
 MATCH_CLASSES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # a draft's class: the longest of these its match reaches
 PRIOR = (0.3, 2.0)  # each class's acceptance before any verdict, and the verdicts it counts for
@@ -31,7 +31,7 @@ def match_class(match: int) -> int:
     return sum(match >= bound for bound in MATCH_CLASSES) - 1
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     name = "ngram"
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2, width: int = 1):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -16,42 +16,102 @@ from ..runners.checkpoint import LoadedTarget
 from ..runners.target import Step, Target
 
 
-def shape(drafter, width: int) -> str:
+def shape(drafter: Drafter, width: int) -> str:
     """What a drafter proposes: "chain", "tree of width W", or a chain and why not a tree (its `no_tree`)."""
-    if isinstance(getattr(drafter, "shape", None), str):
+    if drafter.shape is not None:
         return drafter.shape
-    if getattr(drafter, "no_tree", None):
+    if drafter.no_tree:
         return f"chain (no tree: {drafter.no_tree})"
     return f"tree of width {width}" if width > 1 else "chain"
 
 
-class Drafter(Protocol):
-    """Drafters that hold weights or caches of their own also expose them as `weights` (a module) and
-    `caches` (a list), for the memory report; one with figures of its own says them in `report()` (a line for
-    the statistics) and one with a shape of its own names it in `shape`. One that drafts for a batch has
-    `batched(target_batch)`, which returns the batch's drafter: `join(context, hidden, ready)`, `select(rows)`,
-    `propose(contexts, lengths, params, keys)` and `accept(contexts, accepted, hidden)` (as `RowDrafters`). One
-    that reads the target's hidden states over the prompt's last positions only says how many in `hidden_tail`;
-    one that reads all of them may take them chunk by chunk while the target prefills, in `absorb(first
-    position, states)` (its `begin` then gets none). One whose chains can follow the generation's grammar has a
-    `constrain` attribute, which the engine sets for a constrained generation (else None): `constrain(logits,
-    drafts so far) -> the logits masked by what the grammar allows next` (`draft_autoregressively` applies it).
-    One that keeps a state of its own per sequence gives it to the prompt cache with `hold()` and takes it back
-    with `resume(held)` (None: start afresh); a batch's drafter that takes it back too has `row_state(row,
-    context)` (a row's, as `hold` gives it) and `join(..., held=)` (prompt_cache.py)."""
+class Drafter:
+    """A drafter of one sequence: `begin`, `propose` and `accept`, which every drafter implements, and what a
+    drafter may do besides, declared here with the default of one that does not (its callers never probe)."""
 
-    name: str
+    name: str = ""
+    width: int = 1  # > 1: it proposes token trees this wide (loading sets it, or `no_tree`: why not)
+    no_tree: str | None = None
+    shape: str | None = None  # a shape of its own to show instead of "chain" / "tree of width W"
+    hidden_tail: int | None = None  # it reads the target's hidden states at the prompt's last positions only
+    # (None: at all of them, where the target is loaded to return them)
+    absorb: Callable[[int, mx.array], None] | None = None  # (first position, states): it takes the prompt's
+    # hidden states chunk by chunk while the target prefills (its `begin` then gets none)
+    constrain: Callable[[mx.array, list[int]], mx.array] | None = None  # set by the engine for a constrained
+    # generation: (logits, drafts so far) -> the logits masked by what the grammar allows next
+    outlook: list[float] | None = None  # its estimate of each draft of its next chain passing (n-gram)
+    weights = None  # a module of weights of its own, and caches of its own, for the memory report
+    caches: list | None = None
+    batched: Callable[[object], BatchDrafter] | None = None  # (the target's RaggedBatch) -> the batch's drafter
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         """Start a sequence whose tokens so far are `context`; the target has prefilled all but the last, and
         `prompt_step.hidden` holds its hidden states at the last positions it ran when the target was loaded to
         return them (all of them, or the drafter's `hidden_tail`)."""
+        raise NotImplementedError
 
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
         """Up to k tokens continuing `context`, sampled with `params` (may be lazy)."""
+        raise NotImplementedError
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         """The round kept `accepted` drafts; `context` now ends with them and the target's next token."""
+        raise NotImplementedError
+
+    def batch_problem(self) -> str | None:
+        """Why it cannot draft for a batch here although it has `batched` (None: it can)."""
+        return None
+
+    def report(self) -> str:
+        """A line of figures of its own for the statistics ("": none)."""
+        return ""
+
+    def estimates(self) -> object | None:
+        """What it learnt of its drafts, for the next run to `start_from` (None: nothing)."""
+        return None
+
+    def start_from(self, estimates: object | None) -> None:
+        """Go on from what an earlier run's `estimates` gave."""
+
+    def hold(self) -> object | None:
+        """Its state for the sequence it drafts, for the prompt cache to keep (None: none of its own)."""
+        return None
+
+    def resume(self, held: object | None) -> None:
+        """Take back a state `hold` gave (None: start afresh)."""
+
+
+class BatchDrafter:
+    """A drafter of a batch's rows (`Drafter.batched`), in the batch's order: rows `join` at the end (`hidden`:
+    the target's states over all but a row's last token, for drafters that read them; not `ready`: drafting does
+    not pay at this batch size yet, so a drafter may put off its work on the prompt until the row first drafts;
+    `held`: what the prompt cache kept of the drafter's state, as `row_state` gave it) and leave (`select`)."""
+
+    name: str = ""
+
+    @property
+    def outlook(self) -> list[float] | None:
+        """A lone row's drafter's outlook (`Drafter.outlook`; None: none, or rows share a round)."""
+        return None
+
+    def join(self, context: list[int], hidden: mx.array | None = None, ready: bool = True,
+             held: object | None = None) -> None:
+        raise NotImplementedError
+
+    def select(self, rows: list[int]) -> None:
+        raise NotImplementedError
+
+    def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
+                keys: list[mx.array]) -> list[Draft]:
+        raise NotImplementedError
+
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array | None = None) -> None:
+        """`hidden` (B, n, H): the target's states over the round's inputs, for drafters that read them."""
+        raise NotImplementedError
+
+    def row_state(self, row: int, context: list[int]) -> object | None:
+        """Row `row`'s drafter state, as `Drafter.hold` gives it (None: none kept)."""
+        return None
 
 
 @dataclass
@@ -95,16 +155,13 @@ class Kind:
     chains_only: str | None = None
 
 
-class RowDrafters:
+class RowDrafters(BatchDrafter):
     """Drafting for a batch (`BatchedDecoder`) by one drafter per row, each proposing on its own."""
 
     def __init__(self, name: str, make: Callable[[], Drafter]):
         self.name, self.make, self.rows = name, make, []
 
-    def join(self, context: list[int], hidden=None, ready: bool = True) -> None:
-        """A row at the end of the batch, whose tokens so far are `context` (`hidden`: the target's states over
-        all but its last token, for drafters that read them; not `ready`: drafting does not pay at this batch size
-        yet, so a drafter may put off its work on the prompt until the row first drafts)."""
+    def join(self, context: list[int], hidden=None, ready: bool = True, held=None) -> None:
         self.rows.append(self.make())
         self.rows[-1].begin(context, Step(None, hidden))
 
@@ -114,7 +171,7 @@ class RowDrafters:
     @property
     def outlook(self) -> list[float] | None:
         """A lone row's drafter's outlook (`NgramDrafter.outlook`; None: it makes none, or rows share a round)."""
-        return getattr(self.rows[0], "outlook", None) if len(self.rows) == 1 else None
+        return self.rows[0].outlook if len(self.rows) == 1 else None
 
     def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
                 keys: list[mx.array]) -> list[Draft]:
@@ -127,14 +184,14 @@ class RowDrafters:
             drafter.accept(context, count, Step(None, None if hidden is None else hidden[row, :count + 1]))
 
 
-class LastHiddenRows:
+class LastHiddenRows(BatchDrafter):
     """For drafters that draft a batch from each row's last verified hidden state (Medusa heads, Gemma 4
     assistants): those states, kept as the decoder hands them over."""
 
     def __init__(self):
         self.last_hidden: list[mx.array | None] = []  # per row: (1, H), or None before its first verified position
 
-    def join(self, context: list[int], hidden: mx.array | None, ready: bool = True) -> None:
+    def join(self, context: list[int], hidden: mx.array | None, ready: bool = True, held=None) -> None:
         self.last_hidden.append(hidden[-1:] if hidden is not None and hidden.shape[0] else None)
 
     def select(self, rows: list[int]) -> None:

@@ -25,7 +25,15 @@ from ..runners.target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
 from ..seams import compat
 from ..seams.caches import make_caches, restore, rollback, snapshot
 from ..seams.errors import SpecError
-from .protocol import Draft, Kind, Pairing, draft_autoregressively, draft_batch
+from .protocol import (
+    BatchDrafter,
+    Draft,
+    Drafter,
+    Kind,
+    Pairing,
+    draft_autoregressively,
+    draft_batch,
+)
 
 # The prompt positions the layer gets rows for: its last 16. Their hidden states make the target's last layer
 # run in full where they are read (the cache alone skips its attention output and MLP): 29% of the demo's 4-layer
@@ -43,9 +51,8 @@ def window(pending: list[tuple[list[int], mx.array]], tail: int | None) -> tuple
     return tokens[-tail:], hidden[-tail:], True
 
 
-class MTPDrafter:
+class MTPDrafter(Drafter):
     name = "mtp"
-    constrain = None  # the engine's, during a constrained generation (Drafter)
     hidden_tail = PROMPT_ROWS
 
     def __init__(self, mtp, embed, head):
@@ -152,7 +159,7 @@ class MTPRows:
         return self.drafter.mtp(inputs[..., :self.split], inputs[..., self.split:], cache)
 
 
-class BatchedMTP:
+class BatchedMTP(BatchDrafter):
     """The MTP layer (or head) drafting for a whole batch (`BatchedDecoder`), row by row as `MTPDrafter` drafts
     alone: the rows of the positions a sequence verified since it last drafted are built when it drafts next
     (one forward for the batch, each row its own count, padded), each draft step feeds every row's drafted token
@@ -165,7 +172,7 @@ class BatchedMTP:
         self.pending: list[list[tuple[list[int], mx.array]]] = []  # per row: verified (tokens, hidden), no rows yet
         self.built = None  # after a draft: how many rows each row built for verified positions
 
-    def join(self, context: list[int], hidden: mx.array | None, ready: bool = True) -> None:
+    def join(self, context: list[int], hidden: mx.array | None, ready: bool = True, held=None) -> None:
         """A row whose prompt is `context`; `hidden` (n, H): the target's states over the last n positions before
         its last token. Its rows are built now but the last, which scores its first draft. Without them (None: not
         `ready`, or none read) the row gets rows from the positions it decodes, as after a pause."""

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..core.sampling import SamplingParams
 from ..runners.target import Step
-from .protocol import Draft, Kind, RowDrafters
+from .protocol import Draft, Drafter, Kind, RowDrafters
 
 KEY = 3  # the lookup keys: the last 1 .. KEY tokens
 MAX_MATCH = 32  # the longest suffix matched
@@ -194,7 +194,7 @@ def save_at_exit(index: SuffixIndex, path: Path) -> None:
               "not kept", file=sys.stderr)
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     name = "suffix"
 
     def __init__(self, index: SuffixIndex, width: int = 1):

@@ -3,10 +3,11 @@ target forward runs, and what is learnt of the text once for all rows. The polic
 
 from __future__ import annotations
 
+from .interface import DraftPolicy
 from .sequence import HORIZON, PRIOR, STALE, Shape, probe_due
 
 
-class BatchDraftLength:
+class BatchDraftLength(DraftPolicy):
     """The adaptive policy for a batch of `rows` rows (`resize`). A round's time depends on the tokens its target
     forward runs, rows x (1 + k), whatever the split: small forwards are bandwidth-bound (more tokens cost little),
     large ones compute-bound (they cost in proportion), and between the two not always monotone (BLAS blocks some
@@ -58,7 +59,7 @@ class BatchDraftLength:
         """Tokens a row gets from a round of k drafts: 1, and what drafting rows add, for the share that draft."""
         return 1 + self.share * (self.chain.expected_tokens(k) - 1)
 
-    def next_draft_len(self, remaining: int) -> int:
+    def next_draft_len(self, remaining: int, outlook: list[float] | None = None) -> int:
         self.rounds += 1
         rows, k = self.rows, 0
         plain = self.time(rows)
@@ -107,8 +108,8 @@ class BatchDraftLength:
             if self.rounds - self.judged[j] > STALE:
                 self.chain.acceptance[j], self.verdicts[j] = self.chain.acceptance[j - 1], min(self.verdicts[j], PRIOR)
 
-    def observe(self, draft_len: int, accepted: int, seconds: float,
-                rows: list[tuple[int, int]] | None = None) -> None:
+    def observe(self, draft_len: int, accepted: int, seconds: float | None,
+                rows: list[tuple[int, int]] | None = None, asked: int | None = None) -> None:
         """Learn from a finished round: `rows` holds each row's (drafts, accepted); `draft_len` is the longest
         draft, which every row paid for. The share of rows that drafted moves once per round; each position's
         acceptance by the verdicts of the drafting rows that reached it, a token there or not: one that drafted

@@ -22,6 +22,8 @@ length under the same costs (`cut`); one that says before a round what it expect
 
 from __future__ import annotations
 
+from .interface import DraftPolicy
+
 PROBE_WEIGHT = 0.5  # a draft's cost measured by a probe, against the estimate from before drafting stopped
 STALE = 16  # rounds after which a batch's draft position no round judged is taken to pass as the one before
 STALE_ALONE = 8  # the same for one sequence, whose generations are often a few dozen rounds
@@ -43,7 +45,7 @@ def probe_due(rounds: int, probe_every: int, break_even: float) -> bool:
     return rounds % round(probe_every / max(1 - break_even, 1 / 8)) == 1
 
 
-class FixedDraftLength:
+class FixedDraftLength(DraftPolicy):
     """Always `draft_len` (0 is plain decoding), never more than the tokens still wanted; trees of `width`."""
 
     def __init__(self, draft_len: int, width: int = 1):
@@ -57,16 +59,6 @@ class FixedDraftLength:
 
     def drafts_at(self, rows: int) -> bool:
         return self.draft_len > 0
-
-    def observe(self, draft_len: int, accepted: int, seconds: float,
-                rows: list[tuple[int, int]] | None = None, asked: int | None = None) -> None:
-        pass
-
-    def explain(self) -> list[str]:
-        return [self.note]
-
-    def profile(self) -> None:
-        return None
 
 
 class Shape:
@@ -202,7 +194,9 @@ def band_range(band: int) -> str:
     return "under 1K tokens" if band == 0 else f"of {2 ** (band - 1)}K-{2 ** band}K tokens"
 
 
-class AdaptiveDraftLength:
+class AdaptiveDraftLength(DraftPolicy):
+    cuts = True
+
     def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.9, prior_acceptance: float = 0.7,
                  widths: tuple[int, ...] = (1,), profile: dict | None = None):
         """widths: the draft shapes to choose from (1: a chain; W > 1: trees of width W). decay: the weight of
@@ -402,7 +396,8 @@ class AdaptiveDraftLength:
         decodes, if drafting turns on (probes included)."""
         return not self.measured() or self.best()[0] > 0
 
-    def observe(self, draft_len: int, accepted: int, seconds: float | None, asked: int | None = None) -> None:
+    def observe(self, draft_len: int, accepted: int, seconds: float | None,
+                rows: list[tuple[int, int]] | None = None, asked: int | None = None) -> None:
         """Learn from a finished round: how far its drafts got, and how long it took (None: not known); `asked`:
         the drafts it asked for, if the drafter had fewer. One that asked and got none (n-gram found nothing) says
         nothing of a draft's cost nor of a plain step's (it does not run one ahead as plain steps do)."""

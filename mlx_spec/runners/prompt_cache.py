@@ -51,7 +51,7 @@ class PromptCache:
 
     def take(self, target, drafter, tokens: list[int]) -> Stored:
         """What `target`'s cache holds now, the positions of `tokens`, and `drafter`'s state (None: none)."""
-        held = drafter.hold() if hasattr(drafter, "hold") else None
+        held = drafter.hold() if drafter else None
         return stored(tokens, target.snapshot(), drafter if held is not None else None, held)
 
     def store(self, entry: Stored, cuttable: bool) -> None:
@@ -77,7 +77,7 @@ class PromptCache:
             return live
         current = self.take(target, drafter, live) if live else None
         target.restore(best.target, len(best.tokens))
-        if hasattr(drafter, "resume"):
+        if drafter:
             drafter.resume(best.held if best.drafter is drafter and reach == len(best.tokens) else None)
         self.stored.remove(best)
         self.stored.append(best)
@@ -126,7 +126,7 @@ class RowPrefixes:
         if not reach:
             return None
         if best is None:  # the live sequence, and the engine's drafter's state, which follows it
-            held = self.drafter.hold() if hasattr(self.drafter, "hold") else None
+            held = self.drafter.hold() if self.drafter else None
             return self.target.held_positions(self.target.snapshot(), reach), reach, held
         self.cache.stored.remove(best)
         self.cache.stored.append(best)

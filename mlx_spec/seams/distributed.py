@@ -187,7 +187,7 @@ class Lockstep:
         if self.leader:
             if engine not in self.engines:
                 self.engines.append(engine)
-            estimates = engine.drafter.estimates() if hasattr(engine.drafter, "estimates") else None
+            estimates = engine.drafter.estimates() if engine.drafter else None
             self.share(Generation(self.engines.index(engine), engine.status().drafter, policy, estimates,
                                   list(prompt), params, max_tokens, list(stop), seed))
         self.policy = policy

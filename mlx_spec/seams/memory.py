@@ -136,11 +136,11 @@ def pressure() -> tuple[str, str]:
 def report(engine) -> MemoryReport:
     """A snapshot for an Engine: its weights and caches, MLX's allocator, and the system."""
     drafter = engine.drafter
-    kv = cache_bytes(engine.target.cache) + cache_bytes(getattr(drafter, "caches", None))
+    kv = cache_bytes(engine.target.cache) + cache_bytes(drafter and drafter.caches)
     vm = psutil.virtual_memory()
     level, detail = pressure()
     stored = engine.prompt_cache
-    return MemoryReport(parameter_bytes(engine.target.model), parameter_bytes(getattr(drafter, "weights", None)), kv,
+    return MemoryReport(parameter_bytes(engine.target.model), parameter_bytes(drafter and drafter.weights), kv,
                         mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory(),
                         vm.available, vm.total, level, detail, stored.nbytes if stored else 0,
                         stored.budget if stored else 0)

@@ -82,7 +82,7 @@ class RemoteEngine:
         check_draft_len(draft_len)
         self.draft_len = draft_len
         policy = draft_policy(draft_len if self.drafter != "off" else 0, self.max_draft_len, self.tree_width)
-        self.note, self.pinned, self.reasons = policy.note, getattr(policy, "pinned", None), []
+        self.note, self.pinned, self.reasons = policy.note, policy.pinned, []
         self.control(draft_len=draft_len)
 
     def stop(self) -> None:

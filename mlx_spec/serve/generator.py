@@ -56,7 +56,7 @@ class Job:
     tools: list[dict] | None = None  # what a chat may call (the chat template shows them to the model)
     prompt_tokens: int = 0  # as the request's prompt was rendered when it came (before any prefill)
     grammar: object = None  # grammar.Grammar: what the output must match
-    logprobs: int | None = None  # report log-probabilities, and this many likeliest tokens (runs on its own)
+    logprobs: int | None = None  # report log-probabilities, and this many likeliest tokens
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     loop: asyncio.AbstractEventLoop = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -173,7 +173,7 @@ class Generator:
     def batchable(self, job: Job) -> bool:
         """Whether `job` may share a batch; a drafter that fails to load says so when the job runs alone (its own
         400), not in the middle of a batch it would end for everyone."""
-        if self.batch_size == 1 or job.native or job.logprobs is not None:
+        if self.batch_size == 1 or job.native:
             return False
         try:
             return self.engine_for(job.drafter).batch_problem() is None
@@ -214,7 +214,7 @@ class Generator:
                     engine.check_fits(len(prompt), job.max_tokens)
                     prompts[job.id] = prompt
                     return job.id, BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed,
-                                            job.draft_len, job.grammar)
+                                            job.draft_len, job.grammar, job.logprobs)
                 except SpecError as e:
                     job.send(APIError(400, str(e)))
                     del jobs[job.id]
