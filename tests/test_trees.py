@@ -1,15 +1,16 @@
 """Token trees: one target forward scores every branch (tree mask, per-node positions), the accepted path is
-compacted in the cache, and verification stays exact, greedy and sampled."""
+compacted in the cache, and verification stays exact, greedy and sampled, alone and as rows of a batch."""
 
 import random
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, assert_one_line_error, plain_greedy, run_cli
+from helpers import PROMPT, assert_one_line_error, plain_greedy, plain_sampled, run_cli
 
 import mlx_spec
 from mlx_spec.core.draft import Draft
+from mlx_spec.decode.batched import Job
 from mlx_spec.decode.engine import Engine
 from mlx_spec.drafters.protocol import Drafter
 from mlx_spec.core.sampling import SamplingParams, distributions
@@ -246,3 +247,30 @@ def test_tree_width_refusals(tiny):
     proc = run_cli("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]),
                    "--tree-width", "0", "--prompt", "hi")
     assert_one_line_error(proc, "tree width must be from 1")
+
+
+@pytest.mark.parametrize("family, options", [
+    ("qwen3", {"draft_model": "qwen3-draft"}), ("qwen3", {"drafter": "ngram"}), ("qwen3", {"drafter": "suffix"}),
+    ("gemma3", {"draft_model": "qwen3-draft"})], ids=["draft-model", "ngram", "suffix", "gemma3-window"])
+def test_token_trees_in_a_batch_equal_plain_decoding(tiny, family, options):
+    """Rows of a batch (joining and leaving) each verify their own token tree in the batch's one forward, at their
+    own positions, and keep the accepted path: every row's output is mlx-lm's plain greedy decoding, greedy rows
+    and sampled rows (its seeded draws) alike; trees are drafted (more nodes than depth), passing and failing.
+    The Gemma 3 target's 16-token window is passed long before the end."""
+    options = {k: str(tiny[v]) if k == "draft_model" else v for k, v in options.items()}
+    engine = mlx_spec.load(str(tiny[family]), tree_width=3, draft_len=3, **options)
+    assert engine.batch_problem() is None and engine.status().shape == "tree of width 3"
+    engine.tokenizer.eos_token_ids = []  # rows run to their own max_tokens: they leave at different rounds
+    copy = "for i in range(10):\n    print(i)\n" * 2
+    prompts = [engine.encode(PROMPT), engine.encode(copy), engine.encode(PROMPT * 2), engine.encode(copy + PROMPT)]
+    sampled = SamplingParams(temperature=0.8)
+    jobs = [Job(prompts[0], max_tokens=48), Job(prompts[1], max_tokens=24), Job(prompts[2], sampled, 40, seed=5),
+            Job(prompts[3], max_tokens=30)]
+    results = dict(engine.generate_many(jobs, 3))
+    for index, job in enumerate(jobs):
+        expected = (plain_sampled(tiny[family], job.prompt, job.max_tokens, 0.8, seed=5) if job.params is sampled
+                    else plain_greedy(tiny[family], job.prompt, job.max_tokens))
+        assert results[index].tokens == expected[:job.max_tokens], index
+    stats = [result.stats for result in results.values()]
+    assert max(s.batch_size for s in stats) == 3 and sum(s.nodes for s in stats) > sum(s.drafted for s in stats)
+    assert 0 < sum(s.accepted for s in stats) < sum(s.drafted for s in stats)

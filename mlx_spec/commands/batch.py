@@ -41,6 +41,7 @@ class Request:
     seed: int
     draft_len: int | None = None  # the engine's: its pin or the batch's policy
     grammar: None = None  # batch files constrain nothing (yet)
+    logprobs: None = None  # nor report log-probabilities
 
 
 def whole_number(item: dict, key: str, default: int, least: int) -> int:

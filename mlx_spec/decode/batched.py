@@ -29,7 +29,7 @@ from ..core.events import Done, Result, Round, Text, collect, emit
 from ..core.sampling import SamplingParams, token_logprobs
 from ..core.stats import Stats
 from ..core.text_stream import TextStream
-from ..core.verify import position_keys, verify_draft
+from ..core.verify import position_keys, verify_draft, verify_tree
 from ..policy.batch import BatchDraftLength
 from ..policy.sequence import UNTIMED_ROUNDS, AdaptiveDraftLength, FixedDraftLength
 from ..runners.ragged import RaggedBatch, RaggedKVCache, check_batches
@@ -114,8 +114,8 @@ def batch_problem(model, drafter=None) -> str | None:
     if drafter is not None and drafter.batched is None:
         return (f"the {drafter.name} drafter does not draft in batches yet (n-gram, draft models, MTP layers and "
                 "heads, EAGLE-3 and Medusa heads, Gemma 4 assistants and block drafters do)")
-    if drafter is not None and drafter.width > 1:
-        return f"the {drafter.name} drafter proposes token trees, which are not drafted in batches: use --tree-width 1"
+    if drafter is not None and drafter.width > 1 and (problem := RaggedBatch.tree_problem(model)):
+        return f"the model's token trees cannot be verified in batches: it {problem}; use --tree-width 1"
     if drafter is not None and (problem := drafter.batch_problem()):
         return f"the {drafter.name} drafter cannot draft in batches: {problem}"
     return None
@@ -319,7 +319,7 @@ class BatchedDecoder:
             if not any(self.plan.lengths):
                 self._plain_step(batch, rows, self.plan, tokens[:, None])
         starts_next = self.plan is not None and self.plan.step is not None
-        events = self._emit(rows, [Draft.empty()] * len(rows), [0] * len(rows), tokens.tolist())
+        events = self._emit(rows, [Round(0, 0)] * len(rows), [[token] for token in tokens.tolist()])
         if drafters:
             drafters.accept([row.context for row in rows], [0] * len(rows), hidden)
         # A run of plain steps is timed by its middle rounds (and a lone one): while its first round runs, the next
@@ -329,35 +329,53 @@ class BatchedDecoder:
 
     def _speculate(self, batch: RaggedBatch, drafters, rows: list[Row], plan: "Plan",
                    start: float) -> list[tuple[object, object]]:
-        """A round with drafts (or penalties): draft, verify every row in one forward, keep what each accepts."""
+        """A round with drafts (or penalties, grammars, log-probabilities): draft, verify every row's chain or
+        token tree in one forward, keep what each accepts."""
         drafts = (drafters.propose([row.context for row in rows], plan.lengths, [row.job.params for row in rows],
                                    plan.draft_keys) if drafters else [Draft.empty() for _ in rows])
         if plan.policy.cuts:  # a lone row's chain shortened by the drafter's own estimates, as alone
             drafts = [d if d.confidence is None or row.job.draft_len is not None else
                       d.first(plan.policy.cut(d.confidence.tolist())) for row, d in zip(rows, drafts)]
-        drafts = [d.first(row.job.grammar.valid_prefix(d.tokens.tolist())) if row.job.grammar and d.q is None else d
+        drafts = [d.first(row.job.grammar.valid_prefix(d.tokens.tolist()))
+                  if row.job.grammar and d.q is None and d.parents is None else d
                   for row, d in zip(rows, drafts)]  # one-hot drafts a grammar rejects can only be rejected
         width = 1 + max(d.tokens.shape[0] for d in drafts)
         inputs = mx.stack([mx.concatenate([mx.array(row.context[-1:], dtype=mx.int32), d.tokens,
                                            mx.zeros((width - 1 - d.tokens.shape[0],), dtype=mx.int32)])
                            for row, d in zip(rows, drafts)])
+        trees = [None if d.parents is None else (d.attention(), [0, *d.depths()]) for d in drafts]
         batch.mark()
-        logits = batch.forward(inputs, [1 + d.tokens.shape[0] for d in drafts])
+        logits = batch.forward(inputs, [1 + d.tokens.shape[0] for d in drafts], trees if any(trees) else None)
         hidden = self.read_hidden() if self.read_hidden else None
-        verdicts = [verify_draft(d, masked(row, logits[i, :1 + d.tokens.shape[0]], d), row.job.params, row.context,
-                                 keys[:1 + d.tokens.shape[0]])
-                    for i, (row, d, keys) in enumerate(zip(rows, drafts, plan.verify_keys))]
-        mx.eval([d.tokens for d in drafts], verdicts)  # the round's only host synchronisation
-        accepted = [a.item() for a, _ in verdicts]
-        batch.keep([a + 1 for a in accepted])
-        next_tokens = [next_token.item() for _, next_token in verdicts]
+        chains = {i: verify_draft(d, masked(row, logits[i, :1 + d.tokens.shape[0]], d), row.job.params, row.context,
+                                  keys[:1 + d.tokens.shape[0]])
+                  for i, (row, d, keys) in enumerate(zip(rows, drafts, plan.verify_keys)) if d.parents is None}
+        mx.eval([d.tokens for d in drafts], list(chains.values()))  # the round's only host synchronisation (but
+        verdicts, new_tokens, kept = [], [], []  # each tree's walk, which reads its row's draws)
+        for i, (row, d, keys) in enumerate(zip(rows, drafts, plan.verify_keys)):
+            n = d.tokens.shape[0]
+            if d.parents is None:
+                accepted = chains[i][0].item()
+                verdicts.append(Round(n, accepted, n))
+                new_tokens.append(d.tokens[:accepted].tolist() + [chains[i][1].item()])
+                kept.append(accepted + 1)
+            else:
+                scored = logits[i, :1 + n] if row.job.grammar is None else \
+                    row.job.grammar.masked_tree(logits[i, :1 + n], d.prefixes())
+                path, tokens = verify_tree(d, scored, row.job.params, row.context, keys)
+                verdicts.append(Round(max(d.depths()) if d.depth is None else d.depth, len(path), n))
+                new_tokens.append(tokens)
+                kept.append([0, *(node + 1 for node in path)])
+        batch.keep(kept)
         logprobs = [None if row.job.logprobs is None else  # the rows that scored the emitted tokens
-                    token_logprobs(logits[i, :a + 1], d.tokens[:a].tolist() + [token], row.job.logprobs)
-                    for i, (row, d, a, token) in enumerate(zip(rows, drafts, accepted, next_tokens))]
-        events = self._emit(rows, drafts, accepted, next_tokens, logprobs)
+                    token_logprobs(logits[i][mx.array(keep) if isinstance(keep, list) else mx.arange(keep)], tokens,
+                                   row.job.logprobs)
+                    for i, (row, keep, tokens) in enumerate(zip(rows, kept, new_tokens))]
+        events = self._emit(rows, verdicts, new_tokens, logprobs)
+        accepted = [verdict.accepted for verdict in verdicts]
         if drafters:
             drafters.accept([row.context for row in rows], accepted, hidden)
-        self._observe(plan, width - 1, accepted, time.perf_counter() - start, [d.tokens.shape[0] for d in drafts])
+        self._observe(plan, width - 1, accepted, time.perf_counter() - start, [v.draft_len for v in verdicts])
         return events
 
     def _observe(self, plan: "Plan", longest: int, accepted: list[int], seconds: float | None,
@@ -374,21 +392,19 @@ class BatchedDecoder:
         plan.policy.observe(longest, accepted[0], seconds if self.rounds_alone > UNTIMED_ROUNDS else None,
                             asked=plan.lengths[0])
 
-    def _emit(self, rows: list[Row], drafts: list[Draft], accepted: list[int], next_tokens: list[int],
+    def _emit(self, rows: list[Row], verdicts: list[Round], new_tokens: list[list[int]],
               logprobs: list | None = None) -> list[tuple[object, object]]:
-        """Each row's accepted drafts and next token into its context, statistics and events (with each token's
-        (log p, likeliest) from `logprobs`, a row's list or None)."""
+        """Each row's round (its verdict, and the tokens it emits: accepted drafts and the target's next) into its
+        context, statistics and events (with each token's (log p, likeliest) from `logprobs`, a row's or None)."""
         events = []
-        for row, d, a, next_token, scored in zip(rows, drafts, accepted, next_tokens, logprobs or [None] * len(rows)):
-            new_tokens = d.tokens[:a].tolist() + [next_token]
-            verdict = Round(d.tokens.shape[0], a, d.tokens.shape[0])
-            row.context += new_tokens
+        for row, verdict, emitted, scored in zip(rows, verdicts, new_tokens, logprobs or [None] * len(rows)):
+            row.context += emitted
             row.stats.record_round(verdict)
             row.stats.batch_size = max(row.stats.batch_size, len(rows))
             if row.job.grammar is not None:
-                row.job.grammar.advance(new_tokens)
-            tokens, row.stop_reason = emit(new_tokens, a, row.generated, row.text, self.tokenizer.eos_token_ids,
-                                           row.job.max_tokens)
+                row.job.grammar.advance(emitted)
+            tokens, row.stop_reason = emit(emitted, verdict.accepted, row.generated, row.text,
+                                           self.tokenizer.eos_token_ids, row.job.max_tokens)
             for token, (logprob, top) in zip(tokens, scored or []):
                 token.logprob, token.top_logprobs = logprob, top
             events += [(row.key, event) for event in [verdict, *tokens]]

@@ -73,6 +73,9 @@ class BlockDrafter(Drafter):
         """Drafting for a batch: each row its own drafter (its context, the weights shared), chains."""
         return RowDrafters(self.name, lambda: BlockDrafter(self.model, self.target_model))
 
+    def batch_problem(self) -> str | None:
+        return "its token trees are not drafted in batches yet: use --tree-width 1" if self.width > 1 else None
+
     def covered(self) -> int:
         """The positions whose features the drafter holds or has waiting."""
         return self.start + sum(h.shape[0] for h in self.pending)

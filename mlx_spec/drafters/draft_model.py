@@ -25,6 +25,7 @@ from .protocol import (
     Drafter,
     Kind,
     Pairing,
+    RowDrafters,
     draft_autoregressively,
     draft_batch,
     grow_tree,
@@ -44,13 +45,17 @@ class DraftModelDrafter(Drafter):
         self.tree: Draft | None = None  # the last tree proposed
         self.fed: dict[int, int] = {}  # its nodes that the runner's cache holds -> their place after the context
 
-    def batched(self, target_batch) -> "BatchedDraftModel":
-        """Drafting for a batch: every row's draft step in one forward of the draft model, chains."""
+    def batched(self, target_batch) -> BatchDrafter:
+        """Drafting for a batch: chains by every row's draft step in one forward of the draft model; token trees
+        (width > 1) by a drafter of each row's own, its cache beside the others'."""
+        if self.width > 1:
+            return RowDrafters(self.name, lambda: DraftModelDrafter(self.weights, self.vocab_size, self.runner.kv_bits,
+                                                                    self.runner.kv_group_size, self.width))
         return BatchedDraftModel(self.weights, self.vocab_size, self.runner)
 
     def batch_problem(self) -> str | None:
-        """Why the draft model cannot draft for a batch (None when it can)."""
-        return RaggedBatch.problem(self.weights)
+        """Why the draft model cannot draft chains for a batch (None when it can; its trees are each row's own)."""
+        return None if self.width > 1 else RaggedBatch.problem(self.weights)
 
     @property
     def caches(self) -> list:

@@ -33,6 +33,9 @@ class Eagle3Drafter(MTPDrafter):
         compat.positioned_ropes(head)  # tree levels put several nodes at one position
         self.width = 1
 
+    def batch_problem(self) -> str | None:
+        return "its token trees are not drafted in batches yet: use --tree-width 1" if self.width > 1 else None
+
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
         if self.width == 1 or k == 0:
             return super().propose(context, k, params, key)

@@ -34,6 +34,9 @@ class MedusaDrafter(Drafter):
     def batched(self, target_batch) -> "BatchedMedusa":
         return BatchedMedusa(self.heads)
 
+    def batch_problem(self) -> str | None:
+        return "its token trees are not drafted in batches yet: use --tree-width 1" if self.width > 1 else None
+
     def begin(self, context: list[int], prompt_step: Step) -> None:
         hidden = prompt_step.hidden
         self.hidden = hidden[-1:] if hidden is not None and hidden.shape[0] else None

@@ -46,7 +46,7 @@ class NgramDrafter(Drafter):
         acceptance learnt into this drafter's estimates (which the next request, alone or in a batch, starts from:
         a fresh prior each request drafted a server's copies short)."""
         def row() -> NgramDrafter:
-            drafter = NgramDrafter(self.max_ngram, self.min_ngram)
+            drafter = NgramDrafter(self.max_ngram, self.min_ngram, self.width)
             drafter.rates = self.rates
             return drafter
         return RowDrafters(self.name, row)

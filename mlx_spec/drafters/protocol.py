@@ -16,8 +16,10 @@ from ..runners.checkpoint import LoadedTarget
 from ..runners.target import Step, Target
 
 
-def shape(drafter: Drafter, width: int) -> str:
+def shape(drafter: Drafter | None, width: int) -> str:
     """What a drafter proposes: "chain", "tree of width W", or a chain and why not a tree (its `no_tree`)."""
+    if drafter is None:
+        return "chain"
     if drafter.shape is not None:
         return drafter.shape
     if drafter.no_tree:

@@ -203,8 +203,8 @@ class SuffixDrafter(Drafter):
         self.index, self.width, self.sid = index, width, None
 
     def batched(self, target_batch) -> RowDrafters:
-        """Drafting for a batch: each row a sequence of its own in the shared index, chains."""
-        return RowDrafters(self.name, lambda: SuffixDrafter(self.index))
+        """Drafting for a batch: each row a sequence of its own in the shared index, chains or trees."""
+        return RowDrafters(self.name, lambda: SuffixDrafter(self.index, self.width))
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         """The request's sequence: the previous one when `context` extends it (the next turn of a chat), else a

@@ -18,6 +18,7 @@ input. Other cache types: `RaggedBatch.problem` says why they cannot be batched.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import mlx.core as mx
@@ -34,7 +35,7 @@ from mlx_lm.models.cache import (
 
 from ..models import qwen3_5
 from ..seams import compat
-from ..seams.caches import RecurrentCache
+from ..seams.caches import RecurrentCache, check_trees
 from .target import hidden_from, next_piece
 
 STEP = 256  # columns added when the buffers grow
@@ -112,6 +113,7 @@ class RaggedBatch:
         self.capacity = 0  # columns the buffers hold
         self.valid = np.zeros((rows, 0), dtype=bool)  # (B, columns): a row holds its valid columns' positions
         self.positions = self.mask = None  # set around a forward
+        self.depths = None  # during a forward: (B, n) each input's position past the last its row holds
         self.hidden: list[mx.array] = []  # what `extend` read of the hidden states, when asked
         self.marked = None  # the columns written when the round began (`mark`)
 
@@ -183,6 +185,18 @@ class RaggedBatch:
             return None
         return f"its {', '.join(sorted(kinds))} caches are not batched yet" if kinds else None
 
+    @staticmethod
+    def tree_problem(model) -> str | None:
+        """Why this model's batch rows cannot verify token trees, said after the model's name ("has ..."); None
+        when they can (its rotary embeddings then take each row's own positions)."""
+        caches = make_prompt_cache(model)
+        if any(isinstance(c, ArraysCache) for c in caches):
+            return "has recurrent layers, which keep one sequence, not the branches of a tree"
+        check_trees()
+        if compat.positioned_ropes(model) != len(caches):
+            return "has attention layers without a rotary embedding of their own that mlx-spec can place"
+        return None
+
     @property
     def size(self) -> int:
         return self.valid.shape[0]
@@ -195,10 +209,12 @@ class RaggedBatch:
             cache.capture = True
         self.states = [[0] for _ in range(self.size)] if self.recurrent else None
 
-    def forward(self, tokens: mx.array, lengths: list[int]) -> mx.array:
+    def forward(self, tokens: mx.array, lengths: list[int], trees: list | None = None) -> mx.array:
         """Run `tokens` (B, n) after what each row holds (or inputs (B, n, D) of a model that takes vectors): row
         i's first `lengths[i]` inputs are real, the rest padding (never seen by real inputs, masked out after).
-        Returns the model's output, logits (B, n, V); lazy."""
+        `trees`: per row None (a chain) or (attend, depths): its inputs are a token tree, each seeing what
+        `attend` (lengths[i], lengths[i]) says among them, at its position's `depths` past the last it holds
+        (`tree_problem` None). Returns the model's output, logits (B, n, V); lazy."""
         b, n = tokens.shape[:2]
         if self.states is not None:
             self._resume_recurrent()
@@ -207,10 +223,19 @@ class RaggedBatch:
         mask = np.zeros((b, 1, n, self.columns + n), dtype=bool)
         mask[:, 0, :, :self.columns] = self.valid[:, None, :self.columns]
         mask[:, 0, :, self.columns:] = np.tril(np.ones((n, n), dtype=bool))
+        self.depths = np.tile(np.arange(n), (b, 1))  # of each input past its row's last held position
+        for row, tree in enumerate(trees or []):
+            if tree is not None:
+                attend, depths = tree
+                mask[row, 0, :len(depths), self.columns:self.columns + len(depths)] = attend
+                self.depths[row, :len(depths)] = depths
         self.mask, self.positions = mx.array(mask), mx.array(self.offsets.astype(np.int32))
         self._windows = {}
+        placed = compat.positions(mx.array(self.offsets[:, None] + self.depths, dtype=mx.int32)) if trees \
+            else contextlib.nullcontext()
         try:
-            logits = self.model(tokens, cache=self.caches)
+            with placed:
+                logits = self.model(tokens, cache=self.caches)
         finally:
             self.mask = self.positions = self._windows = None
         if self.states is not None:
@@ -233,16 +258,17 @@ class RaggedBatch:
         if window not in self._windows:
             n = self.mask.shape[2]
             held = self.column_positions()
-            queries = self.offsets[:, None] + np.arange(n)[None, :]  # (B, n)
+            queries = self.offsets[:, None] + self.depths  # (B, n)
             recent = np.ones((self.size, n, self.columns + n), dtype=bool)
             recent[:, :, :self.columns] = queries[:, :, None] - held[:, None, :] < window
-            recent[:, :, self.columns:] = (np.arange(n)[:, None] - np.arange(n)[None, :] < window)[None]
+            recent[:, :, self.columns:] = self.depths[:, :, None] - self.depths[:, None, :] < window
             self._windows[window] = self.mask & mx.array(recent[:, None])
         return self._windows[window]
 
-    def keep(self, kept: list[int]) -> None:
-        """Of the real inputs each row ran since `mark`, row i keeps its first kept[i]; the columns every row
-        dropped are written over next. Recurrent layers take each row's state after its last kept input."""
+    def keep(self, kept: list[int | list[int]]) -> None:
+        """Of the real inputs each row ran since `mark`, row i keeps its first kept[i], or (a tree's) the inputs
+        listed in kept[i], in order; the columns every row dropped are written over next. Recurrent layers
+        (chains only) take each row's state after its last kept input."""
         if self.states is not None:
             self._set_recurrent([states[count] for states, count in zip(self.states, kept)])
             for cache in self.recurrent:
@@ -252,8 +278,9 @@ class RaggedBatch:
         end = self.marked
         for row, count in enumerate(kept):
             new = np.flatnonzero(self.valid[row, self.marked:]) + self.marked
-            self.valid[row, new[count:]] = False
-            end = max(end, new[count - 1] + 1 if count else end)
+            inputs = np.arange(count) if isinstance(count, int) else np.array(count, dtype=int)
+            self.valid[row, np.setdiff1d(new, new[inputs])] = False
+            end = max(end, new[inputs[-1]] + 1 if len(inputs) else end)
         self.columns, self.marked = end, None
         self.valid = self.valid[:, :end]
 

@@ -320,6 +320,10 @@ def check_trees() -> None:
     if not (mx.allclose(tree[:, :, :2], holder.rope(x[:, :, :2], offset=5))
             and mx.allclose(tree[:, :, 2:], holder.rope(x[:, :, 2:], offset=6))):
         raise compat.broken("rotary embeddings (mx.fast.rope no longer takes an offset per batch row)")
+    with positions(mx.array([[5, 6, 6], [2, 3, 4]])):
+        rows = holder.rope(mx.concatenate([x, x]), offset=0)
+    if not (mx.allclose(rows[:1], tree) and mx.allclose(rows[1:], holder.rope(x, offset=2))):
+        raise compat.broken("rotary embeddings at each batch row's own positions (mx.fast.rope's offset per row)")
     cache = TreeKVCache()
     cache.attend = mx.array([[True, False], [False, True]])
     mask = create_attention_mask(mx.zeros((1, 2, 4)), cache)

@@ -285,6 +285,9 @@ def _positioned_rope_call(self, x, offset=0):
         return base(self, x, offset)
     # (batch, heads, n, dims) -> one row per token, of length 1: mx.fast.rope takes an offset per leading row
     batch, heads, n, dims = x.shape
+    if _positions[0].ndim == 2:  # (batch, n): each batch row's own positions
+        rows = x.transpose(0, 2, 1, 3).reshape(batch * n, heads, 1, dims)
+        return base(self, rows, _positions[0].reshape(-1)).reshape(batch, n, heads, dims).transpose(0, 2, 1, 3)
     rows = x.transpose(2, 0, 1, 3).reshape(n, batch * heads, 1, dims)
     return base(self, rows, _positions[0]).reshape(n, batch, heads, dims).transpose(1, 2, 0, 3)
 
@@ -305,7 +308,8 @@ def positioned_ropes(model) -> int:
 
 @contextlib.contextmanager
 def positions(values: mx.array):
-    """Within: the rotary embeddings of `positioned_ropes` models put the new tokens at `values` (n,)."""
+    """Within: the rotary embeddings of `positioned_ropes` models put the new tokens at `values`: (n,) for every
+    batch row, or (batch, n) each row's own."""
     _positions[0] = values
     try:
         yield
