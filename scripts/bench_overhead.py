@@ -102,7 +102,10 @@ def main() -> int:
             print(raw_line(f"{tree}, {name}", "ms/round", values))
     head = "| contender | " + " | ".join(f"{tree} ms/round" for tree in trees) + (" | after / before |" if
                                                                                    args.before else " |")
-    print(f"\n{args.tokens} tokens, median of {args.reps} runs, each in a fresh process\n")
+    commits = {tree: subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True,
+                                    text=True).stdout.strip() for tree, folder in trees.items()}
+    print(", ".join(f"{tree}: commit {commit}" for tree, commit in commits.items())
+          + f"; {args.tokens} tokens, median of {args.reps} runs, each in a fresh process\n")
     print(head)
     print("|---" * (len(trees) + 1 + bool(args.before)) + "|")
     for name in runs["after"]:
