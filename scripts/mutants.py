@@ -211,6 +211,10 @@ MUTANTS = [
            "mx.array(self.offsets[:, None] + self.depths, dtype=mx.int32)",
            "mx.array(self.offsets[:, None] + np.arange(n), dtype=mx.int32)",
            ("tests/test_trees.py::test_token_trees_in_a_batch_equal_plain_decoding",)),
+    Mutant("a tree row's head reads the states of its first inputs, not of its accepted path",
+           "mlx_spec/decode/batched.py", "        if hidden is not None and any(trees):",
+           "        if hidden is not None and any(trees) and False:",
+           ("tests/test_trees.py::test_token_trees_in_a_batch_equal_plain_decoding",)),
 ]
 
 

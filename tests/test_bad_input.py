@@ -352,7 +352,7 @@ def test_batch_files(tiny, tmp_path, capsys, case):
 def test_outputs_without_write_permission_are_refused_before_loading(tiny, tmp_path, capsys, monkeypatch):
     import mlx_spec.seams.files
 
-    monkeypatch.setattr(mlx_spec.seams.files.os, "access", lambda path, mode: False)  # as if not root, on a read-only place
+    monkeypatch.setattr(mlx_spec.seams.files.os, "access", lambda path, mode: False)  # as if not root, read-only
     requests = batch_file(tmp_path / "in.jsonl", {"id": "a", "prompt": "x"})
     for argv in (["batch", requests, "-o", tmp_path / "out.jsonl"], ["bench", "--json", tmp_path / "r.json"]):
         status, err, _ = run_main(capsys, *argv, "--model", tiny["qwen3"])

@@ -325,10 +325,7 @@ def test_drafters_and_caches_that_cannot_batch_are_refused(tiny):
     with pytest.raises(SpecError, match="use a batch size of 1"):
         list(lookahead.generate_many(jobs_for(lookahead)[:2], 2))
     assert list(lookahead.generate_many(jobs_for(lookahead)[:1], 1))[0][1].tokens  # one at a time still works
-    for tree in ("qwen3-eagle3", "qwen3-medusa"):  # heads whose trees are not drafted row by row yet
-        engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny[tree]), tree_width=2)
-        assert "its token trees are not drafted in batches yet: use --tree-width 1" in engine.batch_problem(), tree
-    for tree in ("qwen3-draft", None):  # None: n-gram trees (test_trees.py: exact in batches)
+    for tree in ("qwen3-draft", "qwen3-eagle3", None):  # None: n-gram trees (test_trees.py: exact in batches)
         engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=tree and str(tiny[tree]), tree_width=2,
                                drafter="draft-model" if tree else "ngram")
         assert engine.status().shape == "tree of width 2" and engine.batch_problem() is None, tree

@@ -1,5 +1,5 @@
-"""The adaptive policy's profile kept between runs (mlx_spec/policy/profiles.py): a command starts from what the last one
-with the same target and drafter learnt on this machine, and nothing else changes what it outputs."""
+"""The adaptive policy's profile kept between runs (mlx_spec/policy/profiles.py): a command starts from what the
+last one with the same target and drafter learnt on this machine, and nothing else changes what it outputs."""
 
 import json
 

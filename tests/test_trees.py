@@ -251,12 +251,15 @@ def test_tree_width_refusals(tiny):
 
 @pytest.mark.parametrize("family, options", [
     ("qwen3", {"draft_model": "qwen3-draft"}), ("qwen3", {"drafter": "ngram"}), ("qwen3", {"drafter": "suffix"}),
-    ("gemma3", {"draft_model": "qwen3-draft"})], ids=["draft-model", "ngram", "suffix", "gemma3-window"])
+    ("qwen3", {"draft_model": "qwen3-eagle3"}), ("qwen3", {"draft_model": "qwen3-medusa"}),
+    ("qwen3", {"draft_model": "qwen3-dflash"}), ("gemma3", {"draft_model": "qwen3-draft"})],
+    ids=["draft-model", "ngram", "suffix", "eagle3", "medusa", "ddtree", "gemma3-window"])
 def test_token_trees_in_a_batch_equal_plain_decoding(tiny, family, options):
     """Rows of a batch (joining and leaving) each verify their own token tree in the batch's one forward, at their
-    own positions, and keep the accepted path: every row's output is mlx-lm's plain greedy decoding, greedy rows
-    and sampled rows (its seeded draws) alike; trees are drafted (more nodes than depth), passing and failing.
-    The Gemma 3 target's 16-token window is passed long before the end."""
+    own positions, and keep the accepted path (and, for heads that read them, the target's states along it): every
+    row's output is mlx-lm's plain greedy decoding, greedy rows and sampled rows (its seeded draws) alike; trees
+    are drafted (more nodes than depth), passing and failing. The Gemma 3 target's 16-token window is passed long
+    before the end."""
     options = {k: str(tiny[v]) if k == "draft_model" else v for k, v in options.items()}
     engine = mlx_spec.load(str(tiny[family]), tree_width=3, draft_len=3, **options)
     assert engine.batch_problem() is None and engine.status().shape == "tree of width 3"
@@ -271,6 +274,10 @@ def test_token_trees_in_a_batch_equal_plain_decoding(tiny, family, options):
         expected = (plain_sampled(tiny[family], job.prompt, job.max_tokens, 0.8, seed=5) if job.params is sampled
                     else plain_greedy(tiny[family], job.prompt, job.max_tokens))
         assert results[index].tokens == expected[:job.max_tokens], index
+        if job.params is not sampled and options.get("drafter") != "suffix":  # (the suffix index grows meanwhile)
+            alone = engine.generate(job.prompt, max_tokens=job.max_tokens).stats  # the same trees as in the batch:
+            drafted = lambda s: (s.drafted, s.nodes, s.accepted)  # noqa: E731  each row's drafter kept its own state
+            assert drafted(results[index].stats) == drafted(alone), index
     stats = [result.stats for result in results.values()]
     assert max(s.batch_size for s in stats) == 3 and sum(s.nodes for s in stats) > sum(s.drafted for s in stats)
     assert 0 < sum(s.accepted for s in stats) < sum(s.drafted for s in stats)

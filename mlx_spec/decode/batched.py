@@ -2,14 +2,15 @@
 
 Every round, each row drafts for itself (the drafter's `batched(target_batch)`: one n-gram index per row, or
 every row's draft step in one forward of the draft model, MTP layer or head, the drafters that read the target's
-hidden states getting them from the decoder; its own length, 0 allowed), the target verifies all rows in one
-forward over a `RaggedBatch` (row i feeds `[last, *drafts_i]`, padded to the longest), each row's verdict comes
-from the same rule as alone (`verify_draft`, its own seed's keys), and each row keeps its own accepted
-positions. Finished rows leave and queued requests join between rounds (continuous batching); a joining prompt
-is prefilled in a batch of its own (a chunk per round while others decode; prompts that join while none decodes
-together, where their padding stays small), then merged. One host
-synchronisation per round. The draft length is the policy's (`BatchDraftLength`, which learns what a forward of
-so many tokens costs): it turns drafting off where the batch makes the forward compute-bound. While one row is
+hidden states getting them from the decoder; its own length, 0 allowed; a token tree, by a drafter of the row's
+own), the target verifies all rows in one forward over a `RaggedBatch` (row i feeds `[last, *drafts_i]` or its
+tree, padded to the longest), each row's verdict comes from the same rule as alone (`verify_draft` or
+`verify_tree`, its own seed's keys, its grammar, its log-probabilities), and each row keeps its own accepted
+positions (a tree's path). Finished rows leave and queued requests join between rounds (continuous batching); a
+joining prompt is prefilled in a batch of its own (a chunk per round while others decode; prompts that join while
+none decodes together, where their padding stays small), then merged. One host synchronisation per round. The
+draft length is the policy's (`BatchDraftLength`, which learns what a forward of so many tokens costs): it turns
+drafting off where the batch makes the forward compute-bound. While one row is
 left (a lone server request), rounds are the single-sequence policy's (`AdaptiveDraftLength`, from the engine's
 profile), as alone: at its context depth's costs, with the drafter's outlook (n-gram) and its chains cut by their
 confidence (DSpark).
@@ -367,6 +368,10 @@ class BatchedDecoder:
                 new_tokens.append(tokens)
                 kept.append([0, *(node + 1 for node in path)])
         batch.keep(kept)
+        if hidden is not None and any(trees):  # a tree row's states at its kept inputs, in order, first
+            index = [keep if isinstance(keep, list) else list(range(keep)) for keep in kept]
+            index = mx.array([i + [0] * (width - len(i)) for i in index])
+            hidden = mx.take_along_axis(hidden, index[..., None], axis=1)
         logprobs = [None if row.job.logprobs is None else  # the rows that scored the emitted tokens
                     token_logprobs(logits[i][mx.array(keep) if isinstance(keep, list) else mx.arange(keep)], tokens,
                                    row.job.logprobs)

@@ -70,11 +70,12 @@ class BlockDrafter(Drafter):
         self.blocks, self.block_drafts, self.confidence = 0, 0, []  # this generation's, for `report`
 
     def batched(self, target_batch) -> RowDrafters:
-        """Drafting for a batch: each row its own drafter (its context, the weights shared), chains."""
-        return RowDrafters(self.name, lambda: BlockDrafter(self.model, self.target_model))
-
-    def batch_problem(self) -> str | None:
-        return "its token trees are not drafted in batches yet: use --tree-width 1" if self.width > 1 else None
+        """Drafting for a batch: each row its own drafter (its context, the weights shared), chains or DDTrees."""
+        def row() -> BlockDrafter:
+            drafter = BlockDrafter(self.model, self.target_model)
+            drafter.width = self.width
+            return drafter
+        return RowDrafters(self.name, row)
 
     def covered(self) -> int:
         """The positions whose features the drafter holds or has waiting."""

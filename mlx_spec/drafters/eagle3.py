@@ -18,7 +18,7 @@ from ..runners.checkpoint import check_memory, vocab_size
 from ..seams import compat
 from ..seams.caches import tree_forward
 from ..seams.errors import SpecError
-from .protocol import Draft, Kind, Pairing, grow_tree
+from .protocol import BatchDrafter, Draft, Kind, Pairing, RowDrafters, grow_tree
 from .qwen_mtp import MTPDrafter
 
 
@@ -31,10 +31,19 @@ class Eagle3Drafter(MTPDrafter):
         embed = head.embed_tokens if "embed_tokens" in head else compat.input_embedding(target_model)
         super().__init__(head, embed, head.logits)
         compat.positioned_ropes(head)  # tree levels put several nodes at one position
-        self.width = 1
+        self.width, self.target_model = 1, target_model
 
-    def batch_problem(self) -> str | None:
-        return "its token trees are not drafted in batches yet: use --tree-width 1" if self.width > 1 else None
+    def batched(self, target_batch) -> BatchDrafter:
+        """Drafting for a batch: chains of every row in one forward of the head; trees (width > 1) row by row,
+        each row's head cache its own."""
+        if self.width == 1:
+            return super().batched(target_batch)
+
+        def row() -> Eagle3Drafter:
+            drafter = Eagle3Drafter(self.mtp, self.target_model)
+            drafter.width = self.width
+            return drafter
+        return RowDrafters(self.name, row)
 
     def propose(self, context: list[int], k: int, params: SamplingParams, key: mx.array) -> Draft:
         if self.width == 1 or k == 0:

@@ -17,25 +17,33 @@ from ..models.medusa import MedusaHeads, is_medusa, load_medusa, medusa_shape
 from ..runners.checkpoint import vocab_size
 from ..runners.target import Step
 from ..seams.errors import SpecError
-from .protocol import Draft, Drafter, Kind, LastHiddenRows, Pairing
+from .protocol import (
+    BatchDrafter,
+    Draft,
+    Drafter,
+    Kind,
+    LastHiddenRows,
+    Pairing,
+    RowDrafters,
+)
 
 
 class MedusaDrafter(Drafter):
     name = "medusa"
     hidden_tail = 1  # of the prompt's hidden states it reads the last only
 
-    def __init__(self, heads: MedusaHeads):
+    def __init__(self, heads: MedusaHeads, width: int = 1):
         """The target must be run with `Target(..., hidden="post")`."""
         self.heads = self.weights = heads
         self.caches: list = []
-        self.width = 1
+        self.width = width
         self.hidden: mx.array | None = None
 
-    def batched(self, target_batch) -> "BatchedMedusa":
+    def batched(self, target_batch) -> BatchDrafter:
+        """Drafting for a batch: chains of every row in one pass of the heads; trees (width > 1) row by row."""
+        if self.width > 1:
+            return RowDrafters(self.name, lambda: MedusaDrafter(self.heads, self.width))
         return BatchedMedusa(self.heads)
-
-    def batch_problem(self) -> str | None:
-        return "its token trees are not drafted in batches yet: use --tree-width 1" if self.width > 1 else None
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         hidden = prompt_step.hidden
