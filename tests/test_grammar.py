@@ -99,7 +99,8 @@ def test_greedy_constrained_output_equals_plain_constrained_decoding(tiny, draft
     # again: the grammar ended with its generation
 
 
-@pytest.mark.parametrize("drafter", ["draft model", "n-gram", "hybrid MTP", "drafting off"])
+@pytest.mark.parametrize("drafter", ["draft model", "n-gram", "draft-model tree", "EAGLE-3 tree", "hybrid MTP",
+                                     "drafting off"])
 def test_constrained_rows_of_a_batch_equal_plain_constrained_decoding(tiny, drafter):
     """Rows of one batch, each under its own constraint and one under none, decode as plain constrained decoding
     does, each row masked by its own grammar along its own drafts."""

@@ -82,16 +82,25 @@ def verify_tree(draft: Draft, logits: mx.array, params: SamplingParams, history:
     to emit: the path's and the next one). From the root, the child equal to the target's draw at its parent
     (greedy: the argmax) is followed; the first draw no child equals is emitted. In law this is SpecInfer's rule
     for one-hot candidates (each child in turn accepted with the probability p' gives it, else removed from p')."""
+    return walk_tree(draft, tree_draws(draft, logits, params, history, keys).tolist())
+
+
+def tree_draws(draft: Draft, logits: mx.array, params: SamplingParams, history: list[int],
+               keys: mx.array) -> mx.array:
+    """The target's draw at the root and at every node of a tree (`verify_tree`'s arguments), lazy."""
+    logits = tree_penalized(logits, params, history, draft.prefixes())
+    if params.greedy:
+        return mx.argmax(logits, axis=-1)
+    return draw(probabilities(logits, params), keys[mx.array([0, *draft.depths()])])
+
+
+def walk_tree(draft: Draft, choice: list[int]) -> tuple[list[int], list[int]]:
+    """`verify_tree`'s walk from the root along the children its draws (`tree_draws`, on the host) equal."""
     tokens = draft.tokens.tolist()
     children: dict[int, list[int]] = {}
     for node, parent in enumerate(draft.parents):
         if draft.candidates is None or draft.candidates[node]:
             children.setdefault(parent, []).append(node)
-    logits = tree_penalized(logits, params, history, draft.prefixes())
-    if params.greedy:
-        choice = mx.argmax(logits, axis=-1).tolist()
-    else:
-        choice = draw(probabilities(logits, params), keys[mx.array([0, *draft.depths()])]).tolist()
     path, node = [], -1
     while True:
         child = next((c for c in children.get(node, []) if tokens[c] == choice[node + 1]), None)

@@ -30,7 +30,7 @@ from ..core.events import Done, Result, Round, Text, collect, emit
 from ..core.sampling import SamplingParams, token_logprobs
 from ..core.stats import Stats
 from ..core.text_stream import TextStream
-from ..core.verify import position_keys, verify_draft, verify_tree
+from ..core.verify import position_keys, tree_draws, verify_draft, walk_tree
 from ..policy.batch import BatchDraftLength
 from ..policy.sequence import UNTIMED_ROUNDS, AdaptiveDraftLength, FixedDraftLength
 from ..runners.ragged import RaggedBatch, RaggedKVCache, check_batches
@@ -86,8 +86,13 @@ class Row:
 
 
 def masked(row: Row, logits: mx.array, draft: Draft) -> mx.array:
-    """A row's verified logits, masked at each position by its grammar's state along the drafts before it."""
-    return logits if row.job.grammar is None else row.job.grammar.masked(logits, draft.tokens.tolist())
+    """A row's verified logits, masked at each position by its grammar's state along the drafts before it (a
+    tree's: along each node's ancestors)."""
+    if row.job.grammar is None:
+        return logits
+    if draft.parents is None:
+        return row.job.grammar.masked(logits, draft.tokens.tolist())
+    return row.job.grammar.masked_tree(logits, draft.prefixes())
 
 
 def left_to_prefill(row: Row) -> int:
@@ -348,39 +353,45 @@ class BatchedDecoder:
         batch.mark()
         logits = batch.forward(inputs, [1 + d.tokens.shape[0] for d in drafts], trees if any(trees) else None)
         hidden = self.read_hidden() if self.read_hidden else None
-        chains = {i: verify_draft(d, masked(row, logits[i, :1 + d.tokens.shape[0]], d), row.job.params, row.context,
-                                  keys[:1 + d.tokens.shape[0]])
-                  for i, (row, d, keys) in enumerate(zip(rows, drafts, plan.verify_keys)) if d.parents is None}
-        mx.eval([d.tokens for d in drafts], list(chains.values()))  # the round's only host synchronisation (but
-        verdicts, new_tokens, kept = [], [], []  # each tree's walk, which reads its row's draws)
-        for i, (row, d, keys) in enumerate(zip(rows, drafts, plan.verify_keys)):
+        verdicts = [verify_draft(d, masked(row, logits[i, :1 + d.tokens.shape[0]], d), row.job.params, row.context,
+                                 keys[:1 + d.tokens.shape[0]]) if d.parents is None else
+                    tree_draws(d, masked(row, logits[i, :1 + d.tokens.shape[0]], d), row.job.params, row.context, keys)
+                    for i, (row, d, keys) in enumerate(zip(rows, drafts, plan.verify_keys))]
+        mx.eval([d.tokens for d in drafts], verdicts)  # the round's only host synchronisation
+        return self._keep(batch, drafters, rows, plan, drafts, logits, hidden, verdicts, start)
+
+    def _keep(self, batch: RaggedBatch, drafters, rows: list[Row], plan: "Plan", drafts: list[Draft],
+              logits: mx.array, hidden: mx.array | None, verdicts: list, start: float) -> list[tuple[object, object]]:
+        """What each row keeps of its verified chain ((accepted, next), evaluated) or tree (its draws, evaluated):
+        the batch's cache and the drafters keep it, the rows emit it."""
+        rounds, new_tokens, kept = [], [], []
+        for d, verdict in zip(drafts, verdicts):
             n = d.tokens.shape[0]
             if d.parents is None:
-                accepted = chains[i][0].item()
-                verdicts.append(Round(n, accepted, n))
-                new_tokens.append(d.tokens[:accepted].tolist() + [chains[i][1].item()])
+                accepted = verdict[0].item()
+                rounds.append(Round(n, accepted, n))
+                new_tokens.append(d.tokens[:accepted].tolist() + [verdict[1].item()])
                 kept.append(accepted + 1)
             else:
-                scored = logits[i, :1 + n] if row.job.grammar is None else \
-                    row.job.grammar.masked_tree(logits[i, :1 + n], d.prefixes())
-                path, tokens = verify_tree(d, scored, row.job.params, row.context, keys)
-                verdicts.append(Round(max(d.depths()) if d.depth is None else d.depth, len(path), n))
+                path, tokens = walk_tree(d, verdict.tolist())
+                rounds.append(Round(max(d.depths()) if d.depth is None else d.depth, len(path), n))
                 new_tokens.append(tokens)
                 kept.append([0, *(node + 1 for node in path)])
         batch.keep(kept)
-        if hidden is not None and any(trees):  # a tree row's states at its kept inputs, in order, first
-            index = [keep if isinstance(keep, list) else list(range(keep)) for keep in kept]
+        width = logits.shape[1]
+        if hidden is not None and any(d.parents is not None for d in drafts):  # a tree row's states at its kept
+            index = [keep if isinstance(keep, list) else list(range(keep)) for keep in kept]  # inputs, in order
             index = mx.array([i + [0] * (width - len(i)) for i in index])
             hidden = mx.take_along_axis(hidden, index[..., None], axis=1)
         logprobs = [None if row.job.logprobs is None else  # the rows that scored the emitted tokens
                     token_logprobs(logits[i][mx.array(keep) if isinstance(keep, list) else mx.arange(keep)], tokens,
                                    row.job.logprobs)
                     for i, (row, keep, tokens) in enumerate(zip(rows, kept, new_tokens))]
-        events = self._emit(rows, verdicts, new_tokens, logprobs)
-        accepted = [verdict.accepted for verdict in verdicts]
+        events = self._emit(rows, rounds, new_tokens, logprobs)
+        accepted = [verdict.accepted for verdict in rounds]
         if drafters:
             drafters.accept([row.context for row in rows], accepted, hidden)
-        self._observe(plan, width - 1, accepted, time.perf_counter() - start, [v.draft_len for v in verdicts])
+        self._observe(plan, width - 1, accepted, time.perf_counter() - start, [v.draft_len for v in rounds])
         return events
 
     def _observe(self, plan: "Plan", longest: int, accepted: list[int], seconds: float | None,

@@ -278,9 +278,12 @@ class RaggedBatch:
         end = self.marked
         for row, count in enumerate(kept):
             new = np.flatnonzero(self.valid[row, self.marked:]) + self.marked
-            inputs = np.arange(count) if isinstance(count, int) else np.array(count, dtype=int)
-            self.valid[row, np.setdiff1d(new, new[inputs])] = False
-            end = max(end, new[inputs[-1]] + 1 if len(inputs) else end)
+            if isinstance(count, list):  # a tree's path (its root first): its other inputs go
+                self.valid[row, np.setdiff1d(new, new[count])] = False
+                end = max(end, new[count[-1]] + 1)
+            else:
+                self.valid[row, new[count:]] = False
+                end = max(end, new[count - 1] + 1 if count else end)
         self.columns, self.marked = end, None
         self.valid = self.valid[:, :end]
 
