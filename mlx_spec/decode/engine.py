@@ -1,8 +1,9 @@
-"""The speculative round loop: propose -> verify on the target -> roll back -> emit.
+"""The engine: a target, its tokenizer and drafter, and what a client asks of them.
 
-A round feeds the target `[last, *drafts]` (the last emitted token is never in the cache yet), scores all of
-them in one forward pass, keeps the accepted drafts plus one token from the target, and removes the rejected
-positions from the cache. One host synchronisation per round; everything before it is a lazy graph.
+A generation encodes its prompt (a chat through the chat template, a returning chat as it ran), prefills it on the
+target (a prefix the prompt cache holds is reused), then runs `rounds.RoundLoop` with one row over the target's
+own cache (`OneRow`): the round written once for a lone sequence and a batch. `generate_many` / `stream_many`
+decode many rows together (`batched.BatchedDecoder`), on the same round.
 """
 
 from __future__ import annotations
@@ -14,20 +15,18 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 
-from ..core.draft import Draft
-from ..core.events import Done, Result, Round, Text, Token, collect, emit
+from ..core.events import Done, Result, Round, Text, Token, collect
 from ..core.grammar import Grammar
 from ..core.prompts import prompt_text, render_prompt
-from ..core.sampling import SamplingParams, token_logprobs
-from ..core.stats import RoundCosts, Stats
-from ..core.text_stream import TextStream
-from ..core.verify import position_keys, verify_draft, verify_tree
-from ..drafters.protocol import Drafter, shape
-from ..policy.sequence import UNTIMED_ROUNDS, AdaptiveDraftLength, FixedDraftLength
+from ..core.sampling import SamplingParams
+from ..core.stats import RoundCosts
+from ..drafters.protocol import Drafter, OneDrafter, shape
+from ..policy.sequence import AdaptiveDraftLength, FixedDraftLength
 from ..runners.prompt_cache import PromptCache, RowPrefixes
-from ..runners.target import MAX_DRAFT_LEN, Interrupted, Step, Target
+from ..runners.target import MAX_DRAFT_LEN, Interrupted, OneRow, Target
 from ..seams.errors import SpecError
 from .batched import BatchedDecoder, batch_problem, largest_batch
+from .rounds import Job, RoundLoop, Row
 
 CHATS = 64  # chats whose tokens an engine keeps, to encode the next turn of each exactly as it ran
 
@@ -83,9 +82,6 @@ class Engine:
         self.conversations: list[tuple[str, list[int]]] = []  # the last chats answered, as text and as tokens
         self.prompt_cache: PromptCache | None = None  # sequences kept besides the live one (None: none)
         self.stop_requested = False
-        self.grammar: Grammar | None = None  # the running generation's constraint
-        self.logprobs: int | None = None  # the running generation's: None, or how many likeliest tokens besides
-        self.round_logprobs: list = []  # the last round's, a (log p, top) for each token it emitted
         self.profiles = profiles
         self.learnt = profiles.read() if profiles else None  # what the adaptive policy learnt, to start the next
         if isinstance(self.learnt, dict) and drafter:  # and the drafter of its drafts
@@ -106,9 +102,10 @@ class Engine:
         self.next_policy = draft_policy(draft_len if self.drafter else 0, self.max_draft_len, width, self.learnt)
 
     def policy_now(self):
-        """The draft-length policy for the next round: the latest `pin`, or on distributed ranks the one they all
-        agreed on (`Lockstep.agree` hands a pin on at the end of the round it came in)."""
-        return self.lockstep.policy if self.lockstep else self.next_policy
+        """The draft-length policy for the next round, now `policy`: the latest `pin`, or on distributed ranks the
+        one they all agreed on (`Lockstep.agree` hands a pin on at the end of the round it came in)."""
+        self.policy = self.lockstep.policy if self.lockstep else self.next_policy
+        return self.policy
 
     def stop(self) -> None:
         """End the running generation after the current round (or prefill chunk), with stop reason "stopped" and
@@ -193,13 +190,12 @@ class Engine:
                             "process")
         if self.lockstep:  # the other ranks run this generation too
             self.lockstep.begin(self, context, params, max_tokens, list(stop), seed)
-        prompt_ids = list(context)
         self.stop_requested = False
         self.policy = self.policy_now()
         self.policy.begin(len(context))  # round costs depend on the context's depth
-        stats = Stats(drafter=self.drafter.name if self.drafter else "off", prompt_tokens=len(context))
+        row = Row(None, Job(context, params, max_tokens, tuple(stop), seed, grammar=grammar, logprobs=logprobs),
+                  self.tokenizer, self.drafter.name if self.drafter else "off")
         mx.reset_peak_memory()
-        start = time.perf_counter()
         cached, self.cached_context = self.cached_context, []  # unknown while the prefill runs
         if self.prompt_cache is not None:
             cached = self.prompt_cache.switch(self.target, self.drafter, cached, context[:-1])
@@ -209,62 +205,42 @@ class Engine:
                                                                                          or should_stop()),
                                               absorb=self.drafter.absorb if self.drafter else None)
         except Interrupted:
-            stats.prefill_seconds = time.perf_counter() - start
-            yield Done("stopped", "", [], stats)
+            row.stats.prefill_seconds = time.perf_counter() - row.started
+            yield Done("stopped", "", [], row.stats)
             return
-        self.cached_context = context  # extended in place below, so it always describes the cache
-        stats.reused_prompt_tokens = prompt_step.start
+        self.cached_context = row.context  # extended in place as it decodes, so it always describes the cache
+        row.stats.reused_prompt_tokens = prompt_step.start
         if self.drafter:
             self.drafter.begin(context, prompt_step)
         if self.prompt_cache is not None and not self.target.cuttable:  # a point the next turn can reuse
             self.prompt_cache.store(self.prompt_cache.take(self.target, self.drafter, context[:-1]), False)
-        stats.prefill_seconds = time.perf_counter() - start
-        start = time.perf_counter()
+        row.stats.prefill_seconds = time.perf_counter() - row.started
+        loop, stopping = self.round_loop(), False
 
-        text, generated = TextStream(self.tokenizer, list(stop)), []
-        eos, stop_reason, tick = self.tokenizer.eos_token_ids, None, start
-        rounds = self.rounds(context, params, max_tokens, generated, mx.random.key(seed))
-        self.grammar, self.logprobs = grammar, logprobs
+        def agree(new_tokens: list[list[int]], seconds: float | None) -> float | None:
+            nonlocal stopping  # every rank checks the tokens agree, and takes rank 0's time, stop and pin
+            stopping = self.stop_requested or should_stop()
+            if self.lockstep:
+                seconds, stopping = self.lockstep.agree(self, new_tokens[0], seconds, stopping)
+            return seconds
+
+        loop.agree = agree
         try:
-            while stop_reason is None:
-                try:
-                    verdict, new_tokens, own_time, asked = next(rounds)
-                except Exception:
-                    self.cached_context = []  # the cache may hold a half-finished round: never reuse it
-                    raise
-                seconds, tick = time.perf_counter() - tick, time.perf_counter()  # from one round's end to the next
-                stop_now = self.stop_requested or should_stop()
-                if self.lockstep:  # every rank checks the tokens agree, and takes rank 0's time, stop and pin
-                    seconds, stop_now = self.lockstep.agree(self, new_tokens, seconds, stop_now)
-                # the first rounds' times straddle the prefill (it runs lazily into the first, and plain steps
-                # run one ahead): gemma3-270m's took 284, 59 and 81 ms against 134 after, and a draft's cost
-                # measured against those kept drafting off for good
-                timed = stats.rounds >= UNTIMED_ROUNDS and own_time
-                self.policy.observe(verdict.draft_len, verdict.accepted, seconds if timed else None, asked=asked)
-                context += new_tokens
-                stats.record_round(verdict)
-                yield verdict
-                tokens, stop_reason = emit(new_tokens, verdict.accepted, generated, text, eos, max_tokens)
-                if logprobs is not None:
-                    for token, (logprob, top) in zip(tokens, self.round_logprobs):
-                        token.logprob, token.top_logprobs = logprob, top
-                yield from tokens
-                if stop_reason is None and stop_now:
-                    stop_reason = "stopped"
+            while row.stop_reason is None:
+                yield from (event for _, event in loop.round([row], ahead=self.lockstep is None))
+                if row.stop_reason is None and stopping:
+                    row.stop_reason = "stopped"
+        except Exception:
+            self.cached_context = []  # the cache may hold a half-finished round: never reuse it
+            raise
         finally:
-            rounds.close()
-            self.grammar = self.logprobs = None
-
-        if tail := text.finish():
-            yield Text(tail)
-        stats.decode_seconds = time.perf_counter() - start
-        stats.generated_tokens = len(generated)
-        stats.policy, stats.policy_reasons = self.policy.note, self.policy.explain()[1:]
+            if loop.plan and loop.plan.step:  # the step after the last token ran for nothing
+                self.target.rollback(1)
         self.keep_profile(self.policy)
-        stats.drafter_report = self.drafter.report() if self.drafter else ""
-        stats.record_memory()
-        done = Done(stop_reason, text.text, generated, stats)
-        self.remember_chat(chat, prompt_ids, done)
+        row.stats.drafter_report = self.drafter.report() if self.drafter else ""
+        *tail, done = row.finish()
+        yield from tail
+        self.remember_chat(chat, context, done)
         if self.lockstep:
             self.lockstep.end()
         yield done
@@ -285,118 +261,10 @@ class Engine:
             said = (chat + done.text, list(prompt) + tokens)
             self.conversations = [c for c in self.conversations if c[0] != said[0]][-CHATS + 1:] + [said]
 
-    def decide(self, remaining: int) -> int:
-        """The next round's draft length (and tree width), by the policy in force (a `pin` takes effect here)."""
-        self.policy = self.policy_now()
-        draft_len = self.policy.next_draft_len(remaining, self.drafter.outlook if self.drafter else None)
-        if self.tree_width > 1:
-            self.drafter.width = self.policy.width
-        return draft_len
-
-    def pipelines(self, params: SamplingParams) -> bool:
-        """Whether plain rounds run one ahead, each queued before the last one's token reaches the host (as
-        mlx-lm's generate_step does): not across distributed ranks, and not with penalties, a grammar or
-        log-probabilities, which need the tokens on the host."""
-        return self.lockstep is None and not params.has_penalties and self.grammar is None and self.logprobs is None
-
-    def plain_step(self, last: list[int] | mx.array, params: SamplingParams, seed: mx.array, position: int,
-                   history: list[int]) -> tuple[Step, mx.array]:
-        """A plain round, lazy: the target's forward over `last` (a token id, or the token a step still running
-        picks) and the token it picks for `position`; what `speculate_round` does with no drafts."""
-        step = self.target.forward(mx.array(last, dtype=mx.int32) if isinstance(last, list) else last)
-        _, token = verify_draft(Draft.empty(), step.logits, params, history, position_keys(seed, position, 1))
-        return step, token.reshape(1)
-
-    def rounds(self, context: list[int], params: SamplingParams, max_tokens: int, generated: list[int],
-               seed: mx.array) -> Iterator[tuple[Round, list[int], bool, int]]:
-        """A generation's rounds from the key `seed`, as (its Round, the tokens to append to `context`, whether
-        the time since the last one is this round's own, the drafts it asked for); the caller appends them and adds
-        what it emits to `generated` before asking for the next. A plain round decides the next one before its
-        token reaches the host, and a plain next round is then already running (`pipelines`): a run of them is
-        timed by its middle rounds (its first can wait for the second's step too, as a CPU does, its last find its
-        step done). When the generation ends, a step running ahead is removed from the cache."""
-        key, decided, queued = seed, None, None  # the next round's (draft length, draft key); its step if running
-        try:
-            while True:
-                if decided is None:
-                    key, round_key = mx.random.split(key)
-                    decided = (self.decide(max_tokens - len(generated)), round_key)
-                (draft_len, round_key), decided = decided, None
-                if draft_len or not self.pipelines(params):
-                    yield *self.speculate_round(context, draft_len, params, round_key, seed), True, draft_len
-                    continue
-                ran_ahead = queued is not None
-                step, token = queued or self.plain_step(context[-1:], params, seed, len(context), context)
-                queued = None
-                self.target.rollback(0)  # releases what a recurrent cache kept, before the next step runs
-                if len(generated) + 1 < max_tokens:
-                    key, round_key = mx.random.split(key)
-                    decided = (self.decide(max_tokens - len(generated) - 1), round_key)
-                    if decided[0] == 0:
-                        queued = self.plain_step(token, params, seed, len(context) + 1, context)
-                        mx.async_eval(queued[1])
-                new_tokens = [token.item()]
-                if self.drafter:
-                    self.drafter.accept(context + new_tokens, 0, step)
-                yield Round(0, 0), new_tokens, ran_ahead == (queued is not None), 0
-        except GeneratorExit:
-            if queued:  # the step after the last token ran for nothing
-                self.target.rollback(1)
-            raise
-
-    def speculate_round(self, context: list[int], draft_len: int, params: SamplingParams, draft_key: mx.array,
-                        seed: mx.array, seconds: dict | None = None):
-        """One round: returns (its Round, the tokens to append to the context); the target draws by `seed`'s
-        `position_keys`. With `seconds`, the draft and the target's forward are each timed on their own (slower)."""
-        start = time.perf_counter()
-        if self.drafter:  # chains that follow the grammar are not drafted in vain
-            self.drafter.constrain = self.constrain_drafts if self.grammar else None
-        draft = self.drafter.propose(context, draft_len, params, draft_key) if draft_len else Draft.empty()
-        if draft.confidence is not None and self.policy.cuts:  # the drafter's own estimates shorten it
-            draft = draft.first(self.policy.cut(draft.confidence.tolist()))
-        if self.grammar is not None and draft.parents is None and draft.q is None:  # one-hot drafts the grammar
-            draft = draft.first(self.grammar.valid_prefix(draft.tokens.tolist()))  # rejects can only be rejected
-        draft_len = draft.tokens.shape[0]
-        if seconds is not None:
-            mx.eval(draft.tokens)
-            seconds["draft"], start = time.perf_counter() - start, time.perf_counter()
-        inputs = mx.concatenate([mx.array(context[-1:], dtype=mx.int32), draft.tokens])
-        if draft.parents is None:
-            step = self.target.forward(inputs)
-        else:
-            positions = [self.target.offset + depth for depth in [0, *draft.depths()]]
-            step = self.target.forward(inputs, draft.attention(), positions)
-        if seconds is not None:
-            mx.eval(step.logits)
-            seconds["verify"] = time.perf_counter() - start
-        if draft.parents is None:
-            logits = step.logits if self.grammar is None else self.grammar.masked(step.logits, draft.tokens.tolist())
-            accepted, next_token = verify_draft(draft, logits, params, context,
-                                                position_keys(seed, len(context), draft_len + 1))
-            mx.eval(draft.tokens, accepted, next_token)  # the round's only host synchronisation (but a grammar's)
-            accepted = accepted.item()
-            self.target.rollback(draft_len - accepted)
-            new_tokens = draft.tokens[:accepted].tolist() + [next_token.item()]
-            verdict = Round(draft_len, accepted, draft_len)
-        else:
-            logits = step.logits if self.grammar is None else self.grammar.masked_tree(step.logits, draft.prefixes())
-            keys = position_keys(seed, len(context), max(draft.depths()) + 1)  # to the deepest node's next
-            path, new_tokens = verify_tree(draft, logits, params, context, keys)
-            kept = [0, *(node + 1 for node in path)]
-            self.target.keep(draft_len + 1, kept)
-            step = step.rows(kept)  # keeps every node's logits in `step.tree_logits` for the drafter
-            verdict = Round(max(draft.depths()) if draft.depth is None else draft.depth, len(path), draft_len)
-        if self.grammar is not None:
-            self.grammar.advance(new_tokens)
-        if self.logprobs is not None:  # the rows that scored the emitted tokens (a tree's: its kept path)
-            self.round_logprobs = token_logprobs(step.logits[:len(new_tokens)], new_tokens, self.logprobs)
-        if self.drafter:
-            self.drafter.accept(context + new_tokens, verdict.accepted, step.first(verdict.accepted + 1))
-        return verdict, new_tokens
-
-    def constrain_drafts(self, logits: mx.array, drafts: list[int]) -> mx.array:
-        """A drafter's logits masked by what the grammar allows after the emitted tokens and `drafts`."""
-        return self.grammar.masked_tree(logits, [drafts])
+    def round_loop(self) -> RoundLoop:
+        """The round loop of a generation of one row on this engine's target, drafter and policy (`policy_now`)."""
+        return RoundLoop(OneRow(self.target), self.tokenizer, self.drafter and OneDrafter(self.drafter),
+                         self.target.read_hidden, alone=self.policy_now, tree_width=self.tree_width)
 
     def profile(self, prompt: str | list[int] | list[dict], draft_lens: list[int], rounds: int = 3,
                 params: SamplingParams = SamplingParams()) -> RoundCosts:
@@ -408,19 +276,16 @@ class Engine:
         prompt_step = self.target.prefill(context[:-1], absorb=self.drafter.absorb if self.drafter else None)
         if self.drafter:
             self.drafter.begin(context, prompt_step)
-        if self.tree_width > 1:
-            self.drafter.width = self.next_policy.widest  # the shape asked for (a generation may have left a chain)
-        timed: dict[int, list[dict]] = {}
-        seed = key = mx.random.key(0)
+        row, loop, timed = Row(None, Job(context, params, 2**31), self.tokenizer, ""), self.round_loop(), {}
+        loop.parts = {}
         for k in dict.fromkeys([0, *(draft_lens if self.drafter else [])]):
+            pinned = FixedDraftLength(k, self.next_policy.widest)  # the shape asked for, whatever a generation left
+            loop.alone = lambda pinned=pinned: pinned
             for r in range(rounds + 1):
-                key, round_key = mx.random.split(key)
-                seconds = {}
-                verdict, new_tokens = self.speculate_round(context, k, params, round_key, seed, seconds)
-                context += new_tokens
+                verdict = loop.speculate([row], loop.make_plan([row], lengths=[k]), time.perf_counter())[0][1]
                 if r:
-                    timed.setdefault(verdict.draft_len, []).append(seconds)
-        self.cached_context = context
+                    timed.setdefault(verdict.draft_len, []).append(dict(loop.parts))
+        self.cached_context = row.context
         return RoundCosts({k: statistics.median(s["verify"] for s in runs) for k, runs in timed.items()},
                           {k: statistics.median(s["draft"] for s in runs) for k, runs in timed.items() if k})
 

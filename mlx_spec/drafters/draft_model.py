@@ -191,7 +191,7 @@ class BatchedDraftModel(BatchDrafter):
 
         return draft_batch(logits, next_logits, contexts, lengths, params, keys)
 
-    def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None) -> None:
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None, tree_logits=None) -> None:
         """Keep each row's fed tail and its accepted drafts that were fed (the last draft never is)."""
         if self.fed is None:
             return  # a round without drafting: the rows' tails wait for the next draft

@@ -107,13 +107,54 @@ class BatchDrafter:
                 keys: list[mx.array]) -> list[Draft]:
         raise NotImplementedError
 
-    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array | None = None) -> None:
-        """`hidden` (B, n, H): the target's states over the round's inputs, for drafters that read them."""
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array | None = None,
+               tree_logits: list[mx.array | None] | None = None) -> None:
+        """`hidden` (B, n, H): the target's states at the inputs each row kept, in order, for drafters that read
+        them; `tree_logits`: per row, the target's logits at every node of its token tree (None: a chain)."""
         raise NotImplementedError
 
     def row_state(self, row: int, context: list[int]) -> object | None:
         """Row `row`'s drafter state, as `Drafter.hold` gives it (None: none kept)."""
         return None
+
+    def constrain(self, grammars: list) -> None:
+        """Each row's grammar (None: none), for drafters that mask their drafts by it while drafting."""
+
+    def set_width(self, width: int) -> None:
+        """The next rounds' token trees are `width` wide (1: chains), at most the width the drafter was loaded
+        with."""
+
+
+def grammar_mask(grammar) -> Callable[[mx.array, list[int]], mx.array] | None:
+    """A `Drafter.constrain` for `grammar` (None: none): logits masked by what it allows after the drafts."""
+    return None if grammar is None else lambda logits, drafts: grammar.masked_tree(logits, [drafts])
+
+
+class OneDrafter(BatchDrafter):
+    """A drafter of one sequence as the drafter of a round loop's one row (`Engine.stream`): the engine begins
+    it on the prompt itself; what it is given it passes on as alone."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter, self.name = drafter, drafter.name
+
+    @property
+    def outlook(self) -> list[float] | None:
+        return self.drafter.outlook
+
+    def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
+                keys: list[mx.array]) -> list[Draft]:
+        return [self.drafter.propose(contexts[0], lengths[0], params[0], keys[0]) if lengths[0] else Draft.empty()]
+
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None, tree_logits=None) -> None:
+        count = accepted[0]
+        self.drafter.accept(contexts[0], count, Step(None, None if hidden is None else hidden[0, :count + 1],
+                                                     tree_logits=tree_logits and tree_logits[0]))
+
+    def constrain(self, grammars: list) -> None:
+        self.drafter.constrain = grammar_mask(grammars[0])
+
+    def set_width(self, width: int) -> None:
+        self.drafter.width = width
 
 
 @dataclass
@@ -180,10 +221,18 @@ class RowDrafters(BatchDrafter):
         return [drafter.propose(context, k, p, key) if k else Draft.empty()
                 for drafter, context, k, p, key in zip(self.rows, contexts, lengths, params, keys)]
 
-    def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None) -> None:
-        """`hidden` (B, n, H): the target's states over the round's inputs, for drafters that read them."""
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None, tree_logits=None) -> None:
         for row, (drafter, context, count) in enumerate(zip(self.rows, contexts, accepted)):
-            drafter.accept(context, count, Step(None, None if hidden is None else hidden[row, :count + 1]))
+            drafter.accept(context, count, Step(None, None if hidden is None else hidden[row, :count + 1],
+                                                tree_logits=tree_logits and tree_logits[row]))
+
+    def constrain(self, grammars: list) -> None:
+        for drafter, grammar in zip(self.rows, grammars):
+            drafter.constrain = grammar_mask(grammar)
+
+    def set_width(self, width: int) -> None:
+        for drafter in self.rows:
+            drafter.width = width
 
 
 class LastHiddenRows(BatchDrafter):
@@ -199,7 +248,7 @@ class LastHiddenRows(BatchDrafter):
     def select(self, rows: list[int]) -> None:
         self.last_hidden = [self.last_hidden[i] for i in rows]
 
-    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array) -> None:
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array, tree_logits=None) -> None:
         """Each row's hidden state at its last kept input (the one that scored the target's next token)."""
         self.last_hidden = [hidden[row, count:count + 1] for row, count in enumerate(accepted)]
 

@@ -218,7 +218,7 @@ class BatchedMTP(BatchDrafter):
 
         return draft_batch(self.head(hidden), next_logits, contexts, lengths, params, keys)
 
-    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array) -> None:
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array, tree_logits=None) -> None:
         """Drop the draft steps' rows; each row's accepted drafts and the target's next token wait for rows
         (`hidden` (B, n, H): the target's states over the round's inputs)."""
         if self.built is not None:

@@ -244,3 +244,33 @@ class Target:
         """Remove the last n positions (n may be 0: that releases what was kept for a rollback)."""
         rollback(self.cache, n, MAX_DRAFT_LEN + 1)
         self.offset -= n
+
+
+class OneRow:
+    """A round loop's runner for one sequence (`decode.rounds`), over a Target: what `RaggedBatch` is for many
+    rows, with the target's own cache layout and nothing ragged (no padding, no mask but a tree's)."""
+
+    def __init__(self, target: Target):
+        self.target, self.fed = target, 0  # fed: the inputs of the last forward
+
+    def mark(self) -> None:
+        """A round starts: `keep` says what stays of its forward."""
+
+    def forward(self, tokens: mx.array, lengths: list[int], trees: list | None = None) -> mx.array:
+        """Run `tokens` (1, n) (a chain, or trees[0] = (attend, depths): a token tree); logits (1, n, V), lazy.
+        What recurrent layers kept for a rollback of the forward before goes: that one's verdict is in."""
+        for cache in self.target.recurrent_caches:
+            cache.release()
+        self.fed = tokens.shape[1]
+        tree = trees[0] if trees else None
+        if tree is None:
+            return self.target.forward(tokens[0]).logits[None]
+        attend, depths = tree
+        return self.target.forward(tokens[0], attend, [self.target.offset + depth for depth in depths]).logits[None]
+
+    def keep(self, kept: list[int | list[int]]) -> None:
+        """Of the last forward's inputs keep the first kept[0], or (a tree's path) those listed in kept[0]."""
+        if isinstance(kept[0], list):
+            self.target.keep(self.fed, kept[0])
+        else:
+            self.target.rollback(self.fed - kept[0])
