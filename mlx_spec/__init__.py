@@ -20,13 +20,13 @@ from .seams import linux_blas
 linux_blas.use_openblas()
 
 __all__ = ["load", "generate", "stream", "render_prompt", "batch", "Engine", "EngineStatus", "SamplingParams",
-           "SpecError", "Result", "Token", "Text", "Round", "Done", "Grammar"]
+           "SpecError", "Result", "Token", "Text", "Round", "Done", "Grammar", "Job"]
 __version__ = "0.1.0"
 
 _HOMES = {"load": "loading", "render_prompt": "core.prompts", "Engine": "decode.engine",
           "EngineStatus": "decode.engine", "Result": "core.events", "Token": "core.events", "Text": "core.events",
           "Round": "core.events", "Done": "core.events", "SamplingParams": "core.sampling",
-          "SpecError": "seams.errors", "Grammar": "core.grammar"}
+          "SpecError": "seams.errors", "Grammar": "core.grammar", "Job": "decode.rounds"}
 
 
 def __getattr__(name: str):

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 from mlx_lm import batch_generate  # noqa: E402
 from mlx_spec.seams import linux_blas  # noqa: E402
-from mlx_spec.decode.batched import Job  # noqa: E402
+from mlx_spec.decode.rounds import Job  # noqa: E402
 from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from timings import raw_line  # noqa: E402
 

@@ -28,7 +28,7 @@ import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system Op
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_models  # noqa: E402
 from mlx_spec.seams import linux_blas  # noqa: E402
-from mlx_spec.decode.batched import Job  # noqa: E402
+from mlx_spec.decode.rounds import Job  # noqa: E402
 from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from timings import raw_line  # noqa: E402
 from mlx_spec.core.events import Done, Token  # noqa: E402

@@ -15,7 +15,7 @@ from helpers import PROMPT
 from mlx_lm.utils import load
 
 import mlx_spec
-from mlx_spec.decode.batched import Job
+from mlx_spec.decode.rounds import Job
 from mlx_spec.core.sampling import SamplingParams
 
 SAMPLED = SamplingParams(temperature=1.0)

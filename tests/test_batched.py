@@ -15,7 +15,8 @@ from test_gemma4 import PENALTY, with_centroid_head
 from test_sampling import assert_follows, exact_sequences, prompt_where_drafts_pass
 
 import mlx_spec
-from mlx_spec.decode.batched import BatchedDecoder, Job, Row, together
+from mlx_spec.decode.batched import BatchedDecoder, together
+from mlx_spec.decode.rounds import Job, Row
 from mlx_spec.drafters.qwen_mtp import PROMPT_ROWS
 from mlx_spec.seams.errors import SpecError
 from mlx_spec.loading import DEMO

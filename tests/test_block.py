@@ -14,7 +14,8 @@ from helpers import PROMPT, ModelledCostPolicy, assert_one_line_error, converted
 from tiny_block import as_speculators, layer_outputs, random_block_drafter
 
 import mlx_spec
-from mlx_spec.decode.batched import BatchedDecoder, Job
+from mlx_spec.decode.batched import BatchedDecoder
+from mlx_spec.decode.rounds import Job
 from mlx_spec.models.dflash import load_block_drafter
 from mlx_spec.core.sampling import SamplingParams
 

@@ -18,7 +18,7 @@ from scipy.stats import chisquare
 from test_sampling import prompt_where_drafts_pass
 
 import mlx_spec
-from mlx_spec.decode.batched import Job
+from mlx_spec.decode.rounds import Job
 from mlx_spec.seams.errors import SpecError
 from mlx_spec.core.grammar import Grammar
 

@@ -15,7 +15,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.utils import load
 
 import mlx_spec
-from mlx_spec.decode.batched import Job
+from mlx_spec.decode.rounds import Job
 
 
 def plain_logprobs(path, prompt: list[int], count: int, top: int) -> list[tuple[int, float, list[int], list[float]]]:

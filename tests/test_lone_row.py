@@ -8,7 +8,8 @@ import json
 from helpers import PROMPT, plain_greedy
 
 import mlx_spec
-from mlx_spec.decode.batched import BatchedDecoder, Job
+from mlx_spec.decode.batched import BatchedDecoder
+from mlx_spec.decode.rounds import Job
 from mlx_spec.drafters.ngram import NgramDrafter
 from mlx_spec.policy.sequence import AdaptiveDraftLength
 

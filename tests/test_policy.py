@@ -10,7 +10,8 @@ from helpers import PROMPT, CorruptedOracleDrafter, ModelledCostPolicy, plain_gr
 import mlx_spec
 from mlx_spec.drafters.protocol import Draft
 from mlx_spec.decode.engine import Engine
-from mlx_spec.decode.batched import BatchedDecoder, Job
+from mlx_spec.decode.batched import BatchedDecoder
+from mlx_spec.decode.rounds import Job
 from mlx_spec.policy.batch import BatchDraftLength
 from mlx_spec.policy.sequence import AdaptiveDraftLength, FixedDraftLength, depth_band
 from mlx_spec.runners.target import Target

@@ -13,7 +13,7 @@ import pytest
 
 from mlx_spec.drafters.kinds import DRAFTERS
 from mlx_spec.drafters.ngram import NgramDrafter
-from mlx_spec.decode.engine import UNTIMED_ROUNDS
+from mlx_spec.policy.sequence import UNTIMED_ROUNDS
 from mlx_spec.policy.sequence import AdaptiveDraftLength
 from mlx_spec.core.sampling import SamplingParams
 

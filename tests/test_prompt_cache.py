@@ -11,7 +11,7 @@ from helpers import KEY, PROMPT, chat_ids, loaded, mlx_lm_text, plain_greedy, st
 from test_server import client
 
 import mlx_spec
-from mlx_spec.decode.batched import Job
+from mlx_spec.decode.rounds import Job
 from mlx_spec.runners.ragged import RaggedBatch
 from mlx_spec.core.sampling import SamplingParams
 

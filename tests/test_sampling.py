@@ -12,7 +12,8 @@ from scipy.stats import chisquare
 
 import mlx_spec
 from mlx_spec.seams.errors import SpecError
-from mlx_spec.decode.batched import BatchedDecoder, Job
+from mlx_spec.decode.batched import BatchedDecoder
+from mlx_spec.decode.rounds import Job
 from mlx_spec.core.sampling import SamplingParams, distributions
 from mlx_spec.runners.target import Step
 

@@ -8,7 +8,7 @@ import pytest
 from helpers import PROMPT, plain_decoded
 
 import mlx_spec
-from mlx_spec.decode.batched import Job
+from mlx_spec.decode.rounds import Job
 from mlx_spec.core.sampling import SamplingParams
 
 ROWS = [  # (text, the row's fields, the same without the field under test): greedy rows

@@ -10,7 +10,7 @@ from helpers import PROMPT, assert_one_line_error, plain_greedy, plain_sampled, 
 
 import mlx_spec
 from mlx_spec.core.draft import Draft
-from mlx_spec.decode.batched import Job
+from mlx_spec.decode.rounds import Job
 from mlx_spec.decode.engine import Engine
 from mlx_spec.drafters.protocol import Drafter
 from mlx_spec.core.sampling import SamplingParams, distributions

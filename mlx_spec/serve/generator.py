@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse
 
 from ..core.events import Done, Round
 from ..core.sampling import SamplingParams
-from ..decode.batched import Job as BatchJob
 from ..decode.engine import Engine
+from ..decode.rounds import Job as BatchJob
 from ..seams import memory
 from ..seams.errors import SpecError
 

@@ -72,7 +72,7 @@ def answer_rows(loaded, prompts: list[tuple[float, str | list[dict]]], answer_to
 
     from ..core.prompts import render_prompt
     from ..core.sampling import SamplingParams
-    from ..decode.batched import Job
+    from ..decode.rounds import Job
     from ..loading import make_engine
 
     engine = make_engine(loaded, drafter="off")
