@@ -70,10 +70,10 @@ class RecordedRows:
         self.rounds.append([[list(c) for c in contexts], drafts, None])
         return drafts
 
-    def accept(self, contexts, accepted, hidden=None):
+    def accept(self, contexts, accepted, hidden=None, tree_logits=None):
         if self.rounds and self.rounds[-1][2] is None:
             self.rounds[-1][2] = list(accepted)
-        self.inner.accept(contexts, accepted, hidden)
+        self.inner.accept(contexts, accepted, hidden, tree_logits)
 
 
 def first_draft_verdicts(model, rounds) -> tuple[list[float], list[bool], int]:

@@ -320,12 +320,19 @@ def test_sampled_batches_follow_the_target(tiny):
     assert_follows(observed, exact, samples)
 
 
-def test_drafters_and_caches_that_cannot_batch_are_refused(tiny):
-    lookahead = mlx_spec.load(str(tiny["qwen3"]), drafter="lookahead")
-    assert "the lookahead drafter does not draft in batches" in lookahead.batch_problem()
+def test_every_drafter_batches_and_caches_that_cannot_are_refused(tiny):
+    from mlx_lm.models import mamba
+
+    from mlx_spec.decode.batched import batch_problem
+
+    model = mamba.Model(mamba.ModelArgs(model_type="mamba", vocab_size=16, hidden_size=8, intermediate_size=16,
+                                        state_size=4, num_hidden_layers=1, conv_kernel=2, use_bias=False,
+                                        use_conv_bias=True, time_step_rank=2))
+    assert "caches are not batched yet" in batch_problem(model)
     with pytest.raises(SpecError, match="use a batch size of 1"):
-        list(lookahead.generate_many(jobs_for(lookahead)[:2], 2))
-    assert list(lookahead.generate_many(jobs_for(lookahead)[:1], 1))[0][1].tokens  # one at a time still works
+        BatchedDecoder(model, None)
+    for name in ("ngram", "lookahead", "suffix"):
+        assert mlx_spec.load(str(tiny["qwen3"]), drafter=name).batch_problem() is None, name
     for tree in ("qwen3-draft", "qwen3-eagle3", None):  # None: n-gram trees (test_trees.py: exact in batches)
         engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=tree and str(tiny[tree]), tree_width=2,
                                drafter="draft-model" if tree else "ngram")
@@ -348,12 +355,6 @@ def test_batch_cli_sizes_and_refusals(tiny, tmp_path):
         assert proc.returncode == 0, proc.stderr
         outputs[size] = {r["id"]: r["text"] for r in map(json.loads, out.read_text().splitlines())}
     assert outputs["1"] == outputs["3"] and len(outputs["1"]) == len(TEXTS)
-    lookahead = ["--model", str(tiny["qwen3"]), "--drafter", "lookahead", "--quiet"]
-    proc = run_cli("batch", str(requests), "-o", str(tmp_path / "la.jsonl"), *lookahead, "--batch-size", "2")
-    assert_one_line_error(proc, "--batch-size 2", "does not draft in batches", "--batch-size 1")
-    assert not (tmp_path / "la.jsonl").exists() or not (tmp_path / "la.jsonl").read_text()
-    proc = run_cli("batch", str(requests), "-o", str(tmp_path / "la.jsonl"), *lookahead)  # default: told, one at a time
-    assert proc.returncode == 0 and "batch: one request at a time: the lookahead drafter" in proc.stderr
     proc = run_cli("batch", str(requests), "-o", str(tmp_path / "zero.jsonl"), "--model", str(tiny["qwen3"]),
                    "--batch-size", "0")
     assert_one_line_error(proc, "--batch-size must be a whole number >= 1")

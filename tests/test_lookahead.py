@@ -36,6 +36,26 @@ def test_lookahead_output_is_the_target_greedy_output(tiny, family):
     assert 0 < accepted < drafted
 
 
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_lookahead_rows_of_a_batch_are_the_target_greedy_output(tiny, family):
+    """Rows joining and leaving a batch each run their own lookahead window and pool, verified in the batch's one
+    forward: every row's tokens are mlx-lm's greedy decoding, with pool n-grams both accepted and rejected, and
+    each row drafts what it drafts alone (Gemma 3: past its 16-token window)."""
+    engine = mlx_spec.load(str(tiny[family]), drafter="lookahead", draft_len=3)
+    assert engine.batch_problem() is None
+    engine.tokenizer.eos_token_ids = []  # rows run to their own max_tokens: they leave at different rounds
+    prompts = [PROMPT, REPEATED, PROMPT * 2, REPEATED + PROMPT]
+    jobs = [mlx_spec.Job(engine.encode(p), max_tokens=n) for p, n in zip(prompts, (40, 24, 32, 28))]
+    results = dict(engine.generate_many(jobs, 3))
+    for i, job in enumerate(jobs):
+        assert results[i].tokens == plain_greedy(tiny[family], job.prompt, job.max_tokens), i
+        alone = engine.generate(job.prompt, max_tokens=job.max_tokens).stats
+        assert (results[i].stats.drafted, results[i].stats.accepted) == (alone.drafted, alone.accepted), i
+    stats = [r.stats for r in results.values()]
+    assert max(s.batch_size for s in stats) == 3 and sum(s.nodes for s in stats) > sum(s.drafted for s in stats)
+    assert 0 < sum(s.accepted for s in stats) < sum(s.drafted for s in stats)
+
+
 def brute_force_layout(root, columns, levels, ngrams):
     """The lookahead decoding batch as the paper and llama.cpp lay it out: (token, position, sequences), and
     which items see which (a shared sequence and an earlier or equal position). Level 0 of column i (i >= 1)

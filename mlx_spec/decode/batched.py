@@ -53,13 +53,8 @@ def batch_problem(model, drafter=None) -> str | None:
     """Why this model and drafter decode one sequence at a time (None: they can be batched)."""
     if problem := RaggedBatch.problem(model):
         return f"batched decoding is not available for this model ({problem})"
-    if drafter is not None and drafter.batched is None:
-        return (f"the {drafter.name} drafter does not draft in batches yet (n-gram, draft models, MTP layers and "
-                "heads, EAGLE-3 and Medusa heads, Gemma 4 assistants and block drafters do)")
-    if drafter is not None and drafter.width > 1 and (problem := RaggedBatch.tree_problem(model)):
+    if drafter is not None and (drafter.width > 1 or drafter.trees) and (problem := RaggedBatch.tree_problem(model)):
         return f"the model's token trees cannot be verified in batches: it {problem}; use --tree-width 1"
-    if drafter is not None and (problem := drafter.batch_problem()):
-        return f"the {drafter.name} drafter cannot draft in batches: {problem}"
     return None
 
 
@@ -93,7 +88,7 @@ class BatchedDecoder:
         drafter = drafter if draft_len != 0 else None
         self.model, self.tokenizer = model, tokenizer
         self.kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size}
-        self.make_drafters = drafter.batched if drafter else None
+        self.drafter = drafter
         self.read_hidden, self.hidden_tail = (read_hidden if drafter else None), hidden_tail
         self.policy = ((policy or BatchDraftLength(max_draft_len)) if draft_len is None and drafter
                        else FixedDraftLength(draft_len if drafter else 0))
@@ -118,7 +113,7 @@ class BatchedDecoder:
         Text and Done events as the engine's `stream` does. `should_stop(key)` ends a row after this round with
         stop reason "stopped". The batch's rows are `rows`, in order."""
         rows, joining, batch = [], deque(), RaggedBatch(self.model, **self.kv)
-        drafters = self.drafters = self.make_drafters(batch) if self.make_drafters else None
+        drafters = self.drafters = self.drafter.batched(batch) if self.drafter else None
         alone = self.alone
         self.loop = RoundLoop(batch, self.tokenizer, drafters, self.read_hidden, self.policy,
                               alone and (lambda: alone), self.tree_width)

@@ -266,8 +266,8 @@ class RoundLoop:
         events = self.emit(rows, rounds, new_tokens, logprobs)
         if self.drafters:
             self.drafters.accept([row.context for row in rows], [verdict.accepted for verdict in rounds], hidden,
-                                 [logits[i] if d.parents is not None else None for i, d in enumerate(drafts)]
-                                 if trees else None)
+                                 tree_logits=[logits[i] if d.parents is not None else None
+                                              for i, d in enumerate(drafts)] if trees else None)
         self.observe(plan, width - 1, rounds, time.perf_counter() - start, new_tokens)
         return events
 

@@ -47,15 +47,11 @@ class DraftModelDrafter(Drafter):
 
     def batched(self, target_batch) -> BatchDrafter:
         """Drafting for a batch: chains by every row's draft step in one forward of the draft model; token trees
-        (width > 1) by a drafter of each row's own, its cache beside the others'."""
-        if self.width > 1:
+        (width > 1), and chains of a draft model whose caches do not batch, by a drafter of each row's own."""
+        if self.width > 1 or RaggedBatch.problem(self.weights):
             return RowDrafters(self.name, lambda: DraftModelDrafter(self.weights, self.vocab_size, self.runner.kv_bits,
                                                                     self.runner.kv_group_size, self.width))
         return BatchedDraftModel(self.weights, self.vocab_size, self.runner)
-
-    def batch_problem(self) -> str | None:
-        """Why the draft model cannot draft chains for a batch (None when it can; its trees are each row's own)."""
-        return None if self.width > 1 else RaggedBatch.problem(self.weights)
 
     @property
     def caches(self) -> list:

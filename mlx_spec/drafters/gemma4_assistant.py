@@ -63,9 +63,6 @@ class AssistantDrafter(Drafter):
     def batched(self, target_batch) -> "BatchedAssistant":
         return BatchedAssistant(self, target_batch)
 
-    def batch_problem(self) -> str | None:
-        return "it reads the target's K/V, which --kv-bits quantizes" if self.target.kv_bits else None
-
     def begin(self, context: list[int], prompt_step: Step) -> None:
         self.last_hidden = prompt_step.hidden[-1:] if len(context) > 1 and prompt_step.hidden is not None else None
 

@@ -20,18 +20,23 @@ import numpy as np
 from ..core.sampling import SamplingParams
 from ..runners.target import MAX_DRAFT_LEN, Step
 from ..seams.errors import SpecError
-from .protocol import Draft, Drafter, Kind
+from .protocol import Draft, Drafter, Kind, RowDrafters
 
 PROMPT_NGRAM = 8  # tokens after the first of the prompt's n-grams in the pool (a round uses its draft length)
 
 
 class LookaheadDrafter(Drafter):
     name = "lookahead"
+    trees = True
 
     def __init__(self, window: int = 4, ngrams: int = 4):
         """window: W, the Jacobi trajectories run each round; ngrams: G, the most candidates verified."""
         self.window, self.ngrams = window, ngrams
         self.shape = f"trees of {window} trajectories and up to {ngrams} pool n-grams"
+
+    def batched(self, target_batch) -> RowDrafters:
+        """Drafting for a batch: a window and pool of its own per row, each learning from its row's tree."""
+        return RowDrafters(self.name, lambda: LookaheadDrafter(self.window, self.ngrams))
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         rng = np.random.default_rng(len(context))  # the first guesses: tokens of the prompt

@@ -42,9 +42,9 @@ class Drafter:
     constrain: Callable[[mx.array, list[int]], mx.array] | None = None  # set by the engine for a constrained
     # generation: (logits, drafts so far) -> the logits masked by what the grammar allows next
     outlook: list[float] | None = None  # its estimate of each draft of its next chain passing (n-gram)
+    trees: bool = False  # it drafts token trees whatever its width (lookahead's)
     weights = None  # a module of weights of its own, and caches of its own, for the memory report
     caches: list | None = None
-    batched: Callable[[object], BatchDrafter] | None = None  # (the target's RaggedBatch) -> the batch's drafter
 
     def begin(self, context: list[int], prompt_step: Step) -> None:
         """Start a sequence whose tokens so far are `context`; the target has prefilled all but the last, and
@@ -60,9 +60,9 @@ class Drafter:
         """The round kept `accepted` drafts; `context` now ends with them and the target's next token."""
         raise NotImplementedError
 
-    def batch_problem(self) -> str | None:
-        """Why it cannot draft for a batch here although it has `batched` (None: it can)."""
-        return None
+    def batched(self, target_batch) -> BatchDrafter:
+        """The drafter of a batch's rows, given the target's RaggedBatch (`RowDrafters`: one of its own per row)."""
+        raise NotImplementedError
 
     def report(self) -> str:
         """A line of figures of its own for the statistics ("": none)."""
