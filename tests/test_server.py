@@ -324,5 +324,3 @@ def test_serve_refuses_bad_options(tiny):
         proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--port", str(taken.getsockname()[1]))
     assert_one_line_error(proc, "cannot listen on 127.0.0.1:", "choose another --port")
     assert "drafter:" not in proc.stderr
-    proc = run_cli("serve", "--model", str(tiny["qwen3"]), "--drafter", "lookahead", "--batch-size", "2")
-    assert_one_line_error(proc, "--batch-size 2", "does not draft in batches", "--batch-size 1")
