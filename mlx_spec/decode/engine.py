@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 import mlx.core as mx
@@ -184,17 +184,27 @@ class Engine:
         if not all(isinstance(text, str) and text for text in stop):
             raise SpecError(f"stop strings must be non-empty text, got {list(stop)!r}")
         context, chat = self.encode_chat(prompt, tools)
-        self.check_fits(len(context), max_tokens)
-        if grammar is not None and self.lockstep:
+        yield from self.decode(Job(context, params, max_tokens, tuple(stop), seed, grammar=grammar,
+                                   logprobs=logprobs), should_stop, chat)
+
+    def decode(self, job: Job, should_stop: Callable[[], bool] = lambda: False,
+               chat: str | None = None) -> Iterator[Token | Text | Round | Done]:
+        """`stream`'s events for a job of token ids (`chat`: the chat it renders, to `remember_chat`): its own
+        `draft_len` where pinned (which may change while it runs), else this engine's policy."""
+        context, pins = job.prompt, job
+        self.check_fits(len(context), job.max_tokens)
+        if job.grammar is not None and self.lockstep:
             raise SpecError("constrained output across distributed ranks is not supported yet: serve it from one "
                             "process")
-        if self.lockstep:  # the other ranks run this generation too
-            self.lockstep.begin(self, context, params, max_tokens, list(stop), seed)
+        if self.lockstep:  # the other ranks run this generation too, by the pin they agree on
+            if pins.draft_len is not None:
+                self.pin(pins.draft_len)
+            job = replace(job, draft_len=None)
+            self.lockstep.begin(self, context, job.params, job.max_tokens, list(job.stop), job.seed)
         self.stop_requested = False
         self.policy = self.policy_now()
         self.policy.begin(len(context))  # round costs depend on the context's depth
-        row = Row(None, Job(context, params, max_tokens, tuple(stop), seed, grammar=grammar, logprobs=logprobs),
-                  self.tokenizer, self.drafter.name if self.drafter else "off")
+        row = Row(None, job, self.tokenizer, self.drafter.name if self.drafter else "off")
         mx.reset_peak_memory()
         cached, self.cached_context = self.cached_context, []  # unknown while the prefill runs
         if self.prompt_cache is not None:
@@ -220,6 +230,8 @@ class Engine:
         def agree(new_tokens: list[list[int]], seconds: float | None) -> float | None:
             nonlocal stopping  # every rank checks the tokens agree, and takes rank 0's time, stop and pin
             stopping = self.stop_requested or should_stop()
+            if self.lockstep and pins.draft_len is not None and pins.draft_len != self.next_policy.pinned:
+                self.pin(pins.draft_len)  # handed on to the other ranks now
             if self.lockstep:
                 seconds, stopping = self.lockstep.agree(self, new_tokens[0], seconds, stopping)
             return seconds
@@ -309,23 +321,19 @@ class Engine:
                              self.target.kv_bits, self.target.kv_group_size)
 
     def generate_many(self, jobs, batch_size: int) -> Iterator[tuple[int, Result]]:
-        """Decode `jobs` (`batched.Job`s: token ids and their settings), `batch_size` at a time in one batch
-        (`batched.BatchedDecoder`; 1: one after another with `generate`); yields (the job's index, its Result) as
+        """Decode `jobs` (`rounds.Job`s: token ids and their settings), `batch_size` at a time in one batch
+        (`batched.BatchedDecoder`; 1: one after another, as `decode` does); yields (the job's index, its Result) as
         each finishes. Drafting as this engine's: its drafter (drafting for the batch: `batched(target_batch)`),
         its pinned length or the adaptive policy (`policy.batch.BatchDraftLength`); a job's own `draft_len` first."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise SpecError(f"batch size must be a whole number >= 1, got {batch_size!r}")
         if batch_size == 1:
-            engine_policy = self.next_policy
-            for index, job in enumerate(jobs):
-                if job.draft_len is not None:
-                    self.pin(job.draft_len)
-                try:
-                    result = self.generate(job.prompt, job.params, job.max_tokens, list(job.stop), job.seed,
-                                           grammar=job.grammar, logprobs=job.logprobs)
-                finally:
-                    self.next_policy = engine_policy
-                yield index, result
+            jobs, events = iter(enumerate(jobs)), []
+            for index, event in self.one_at_a_time(lambda: next(jobs, None), lambda index: False, adaptive=False):
+                events.append(event)
+                if isinstance(event, Done):
+                    yield index, collect(iter(events))
+                    events = []
             return
         fitting = (self.check_fits(len(job.prompt), job.max_tokens) or job for job in jobs)
         decoder = self._decoder(self.next_policy.pinned)
@@ -335,17 +343,33 @@ class Engine:
             self.keep_profile(decoder.alone)
 
     def stream_many(self, take, batch_size: int, should_stop=lambda key: False) -> Iterator[tuple[object, object]]:
-        """Decode the `batched.Job`s that `take()` hands over as (key, Job) (None: none waiting; asked whenever
+        """Decode the `rounds.Job`s that `take()` hands over as (key, Job) (None: none waiting; asked whenever
         the batch has room) in one batch of at most `batch_size`, until none is left; yields (key, event) with
         each job's Round / Token / Text / Done events as `stream` gives them. `should_stop(key)` ends a job after
         the current round or prefill chunk ("stopped"). For servers: jobs join while others run (check each with
-        `check_fits` first); a job drafts its own pinned `draft_len`, or what the adaptive policy chooses (this
-        engine's pin is for its one-at-a-time streams)."""
+        `check_fits` first); a job drafts its own pinned `draft_len` (which may change while it runs), or what the
+        adaptive policy chooses (this engine's pin is for its `stream`s). Batch size 1: one job after another."""
+        if batch_size == 1:
+            yield from self.one_at_a_time(take, should_stop, adaptive=True)
+            return
         decoder = self._decoder(None)
         try:
             yield from decoder.stream(take, batch_size, should_stop)
         finally:
             self.keep_profile(decoder.alone)
+
+    def one_at_a_time(self, take, should_stop, adaptive: bool) -> Iterator[tuple[object, object]]:
+        """`stream_many`'s (key, event)s, each job decoded alone as `decode` does: its own pinned draft length,
+        else the adaptive policy (`adaptive`) or this engine's pin."""
+        engine_policy = self.next_policy
+        while (item := take()) is not None:
+            key, job = item
+            if adaptive or job.draft_len is not None:
+                self.pin(job.draft_len)
+            try:
+                yield from ((key, event) for event in self.decode(job, lambda key=key: should_stop(key)))
+            finally:
+                self.next_policy = engine_policy
 
     def _decoder(self, draft_len: int | None):
         """A batch's decoder; an adaptive one goes on with what the last batch's policy learnt (a server decodes

@@ -148,7 +148,7 @@ class RoundLoop:
             longest = policy.next_draft_len(max(remaining), self.drafters.outlook if self.drafters else None)
             lengths = [longest if row.job.draft_len is None else row.job.draft_len for row in rows]
         if self.drafters and self.tree_width > 1:  # a lone row's trees are as wide as its policy says
-            self.drafters.set_width(policy.width if alone else self.tree_width)
+            self.drafters.set_width(policy.width if alone and rows[0].job.draft_len is None else self.tree_width)
         plan = Plan([], [], [], policy=policy, alone=alone)
         for row, left, wanted in zip(rows, remaining, lengths):
             row.random, draft_key = mx.random.split(row.random)

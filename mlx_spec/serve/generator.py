@@ -1,7 +1,7 @@
 """The server's generation thread: it owns every MLX array, runs the jobs the event loop hands it (a bounded
-queue), and sends each job's events back to the event loop. Jobs that can share a batch (same drafter, no
-pinned draft length, not mlx-spec's own stream) are decoded together, up to `batch_size`, joining and leaving
-as they come and finish (`Engine.stream_many`); the others run one at a time, in arrival order.
+queue), and sends each job's events back to the event loop. Jobs for the same drafter are decoded together, up
+to `batch_size`, joining and leaving as they come and finish (`Engine.stream_many`, the one decoder: a batch size
+of 1 decodes them one after another), in arrival order.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False  # the client went away
     stop_requested: bool = False  # the client asked to stop: it ends as "stopped", with its statistics
+    row: BatchJob | None = None  # what the engine decodes, once it has taken it (its pin may change meanwhile)
 
     def send(self, event) -> None:
         """From the generation thread: an engine event, or an APIError that ends the job."""
@@ -94,7 +95,6 @@ class Generator:
         self.jobs: queue.Queue = queue.Queue(maxsize=max_queue)
         self.deferred: deque = deque()  # taken from `jobs` while a batch ran, but not for that batch
         self.live: dict[str, Job] = {}  # id -> a job waiting or running
-        self.running: tuple[Job, Engine] | None = None
         self.closing = False
         self.thread = threading.Thread(target=self.run, name="mlx-spec generation", daemon=True)
         self.thread.start()
@@ -123,8 +123,8 @@ class Generator:
             raise APIError(404, f"no generation {job_id!r} is waiting or running here", "id", "job_not_found")
         if draft_len is not ...:
             job.draft_len = draft_len
-            if (running := self.running) and running[0] is job:
-                running[1].pin(draft_len)
+            if job.row:  # from its next round
+                job.row.draft_len = draft_len
         job.stop_requested |= stop
 
     def engine_for(self, drafter: str | None) -> Engine:
@@ -145,8 +145,6 @@ class Generator:
             try:
                 if isinstance(job, Call):
                     job.send(job.run())
-                elif self.batchable(job):
-                    self.generate_batch(job)
                 else:
                     self.generate(job)
             except SpecError as e:
@@ -155,34 +153,13 @@ class Generator:
                 traceback.print_exc(file=sys.stderr)
                 job.send(APIError(500, "internal error: see the server's log", kind="server_error"))
             finally:
-                self.running = None
                 self.live.pop(job.id, None)
 
-    def generate(self, job: Job) -> None:
-        engine = self.engine_for(job.drafter)
-        self.running = (job, engine)
-        engine.pin(job.draft_len)  # after `running`: a pin that comes meanwhile reaches this engine
-        ended = lambda: job.cancelled or job.stop_requested or self.closing or time.monotonic() > job.deadline
-        for event in engine.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed, should_stop=ended,
-                                   tools=job.tools, grammar=job.grammar, logprobs=job.logprobs):
-            if isinstance(event, Done) and job.native:
-                job.send(memory.report(engine))
-            if job.native or not isinstance(event, Round):
-                job.send(event)
-
-    def batchable(self, job: Job) -> bool:
-        """Whether `job` may share a batch; a drafter that fails to load says so when the job runs alone (its own
-        400), not in the middle of a batch it would end for everyone."""
-        if self.batch_size == 1 or job.native:
-            return False
-        try:
-            return self.engine_for(job.drafter).batch_problem() is None
-        except SpecError:
-            return False
-
-    def generate_batch(self, first: Job) -> None:
-        """`first` and the jobs that arrive for the same engine while it runs, decoded together. Calls that
-        arrive meanwhile run between rounds; other jobs wait in `deferred`, and once one waits no more join."""
+    def generate(self, first: Job) -> None:
+        """`first` and the jobs that arrive for the same engine while it runs, decoded together (in one batch of
+        at most `batch_size`: `Engine.stream_many`). Calls that arrive meanwhile run between rounds; other jobs
+        wait in `deferred`, and once one waits no more join. A drafter that fails to load says so when its job
+        comes first (its own 400), not in the middle of a batch it would end for everyone."""
         engine, jobs, waiting = self.engine_for(first.drafter), {}, [first]
         chats, prompts = {}, {}  # each job's chat as rendered (None: not a chat) and its prompt's tokens
 
@@ -197,8 +174,7 @@ class Generator:
                         job = self.jobs.get_nowait()
                     except queue.Empty:
                         return None
-                if job is None or (isinstance(job, Job) and not (self.batchable(job)
-                                                                 and self.engine_for(job.drafter) is engine)):
+                if job is None or (isinstance(job, Job) and not self.serves(job, engine)):
                     self.deferred.append(job)
                     return None
                 if self.closing or job.cancelled:
@@ -213,8 +189,10 @@ class Generator:
                     prompt, chats[job.id] = engine.encode_chat(job.prompt, job.tools)
                     engine.check_fits(len(prompt), job.max_tokens)
                     prompts[job.id] = prompt
-                    return job.id, BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed,
-                                            job.draft_len, job.grammar, job.logprobs)
+                    job.row = BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed, None,
+                                       job.grammar, job.logprobs)
+                    job.row.draft_len = job.draft_len  # read after `row` is set: a pin meanwhile is not lost
+                    return job.id, job.row
                 except SpecError as e:
                     job.send(APIError(400, str(e)))
                     del jobs[job.id]
@@ -226,7 +204,9 @@ class Generator:
 
         try:
             for key, event in engine.stream_many(take, self.batch_size, should_stop):
-                if not isinstance(event, Round):
+                if isinstance(event, Done) and jobs[key].native:
+                    jobs[key].send(memory.report(engine))
+                if jobs[key].native or not isinstance(event, Round):
                     jobs[key].send(event)
                 if isinstance(event, Done):
                     engine.remember_chat(chats.pop(key), prompts.pop(key), event)
@@ -239,11 +219,16 @@ class Generator:
                          APIError(500, "internal error: see the server's log", kind="server_error"))
                 self.live.pop(job.id, None)
 
+    def serves(self, job: Job, engine: Engine) -> bool:
+        """Whether `job` runs on `engine` (False too where its drafter fails to load)."""
+        try:
+            return self.engine_for(job.drafter) is engine
+        except SpecError:
+            return False
+
     def shutdown(self) -> None:
         """Fail the waiting jobs, stop the running one at its next round, end the thread."""
-        self.closing = True
-        if running := self.running:
-            running[1].stop()
+        self.closing = True  # the running jobs stop at their next round
         while True:
             try:
                 job = self.jobs.get_nowait()
