@@ -214,7 +214,7 @@ MUTANTS = [
     Mutant("a tree row's head reads the states of its first inputs, not of its accepted path",
            "mlx_spec/decode/rounds.py", "if hidden is not None and trees:",
            "if hidden is not None and trees and False:",
-           ("tests/test_trees.py::test_token_trees_in_a_batch_equal_plain_decoding",)),
+           ("tests/test_medusa.py::test_medusa_drafts_exactly[3]",)),
     Mutant("a lookahead row of a batch learns from the first row's tree", "mlx_spec/drafters/protocol.py",
            "tree_logits=tree_logits and tree_logits[row]", "tree_logits=tree_logits and tree_logits[0]",
            ("tests/test_lookahead.py::test_lookahead_rows_of_a_batch_are_the_target_greedy_output[qwen3]",)),
