@@ -196,10 +196,8 @@ class Engine:
         if job.grammar is not None and self.lockstep:
             raise SpecError("constrained output across distributed ranks is not supported yet: serve it from one "
                             "process")
-        if self.lockstep:  # the other ranks run this generation too, by the pin they agree on
-            if pins.draft_len is not None:
-                self.pin(pins.draft_len)
-            job = replace(job, draft_len=None)
+        if self.lockstep:  # the other ranks run this generation too, by the engine's pin (`one_at_a_time` set it
+            job = replace(job, draft_len=None)  # from the job's), which they agree on
             self.lockstep.begin(self, context, job.params, job.max_tokens, list(job.stop), job.seed)
         self.stop_requested = False
         self.policy = self.policy_now()
