@@ -134,10 +134,35 @@ def rms_rope(x: np.ndarray, norm: np.ndarray, positions: np.ndarray, theta: floa
     return x * cos + np.concatenate([-x[..., half:], x[..., :half]], -1) * sin
 
 
+def zlab_attention(attention, context: np.ndarray, block: np.ndarray, causal: bool | None,
+                   window: int) -> np.ndarray:
+    """z-lab's `model.py` sliding attention (`_attention_mask`, transcribed in NumPy over the whole context) of
+    `block` (n, H) after `context` (L, H), both from position 0: the query at p sees keys within window - 1 of p,
+    causal unless `causal` is False."""
+    w = {name: np.array(getattr(attention, name).weight) for name in ("q_proj", "k_proj", "v_proj", "o_proj",
+                                                                       "q_norm", "k_norm")}
+    context_len, n = len(context), len(block)
+    both = np.concatenate([context, block])
+    positions = np.arange(context_len + n)
+    d = w["q_norm"].shape[0]
+    q = rms_rope((block @ w["q_proj"].T).reshape(n, -1, d), w["q_norm"], positions[context_len:])
+    k = rms_rope((both @ w["k_proj"].T).reshape(len(both), -1, d), w["k_norm"], positions)
+    v = (both @ w["v_proj"].T).reshape(len(both), -1, d)
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    query, key = positions[context_len:, None], positions[None]
+    visible = (key <= query) if causal is None else (key - query < window)  # both ways when non-causal
+    visible &= query - key < window
+    scores = np.einsum("qhd,khd->hqk", q, k) * d ** -0.5
+    scores = np.where(visible[None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("hqk,khd->qhd", weights, v).reshape(n, -1) @ w["o_proj"].T
+
+
 @pytest.mark.parametrize("causal", [None, False])
 def test_zlab_sliding_layers_attend_as_its_reference_does(tiny, tmp_path, causal):
-    """A z-lab sliding layer against z-lab's `model.py` (`_attention_mask`, transcribed in NumPy over the whole
-    context): the query at p sees keys within window - 1 of p, causal unless the config says otherwise."""
+    """A z-lab sliding layer against z-lab's `model.py` (`zlab_attention`)."""
     path = random_block_drafter(tmp_path / "drafter", tiny["qwen3"], layer_types=["sliding_attention"] * 2,
                                 sliding_window=4, causal=causal)
     model = load_block_drafter(path, json.loads((path / "config.json").read_text()))
@@ -146,28 +171,9 @@ def test_zlab_sliding_layers_attend_as_its_reference_does(tiny, tmp_path, causal
     context, block = (rng.standard_normal((1, size, model.config["hidden_size"])).astype(np.float32)
                       for size in (context_len, n))
     cache = model.make_cache()[0]
-    attention.append(mx.array(context), model.rope, cache, 0)
+    cache.update_and_fetch(*attention.project(mx.array(context), model.rope, 0))
     out = np.array(attention(mx.array(block), model.rope, cache, context_len))[0]
-
-    w = {name: np.array(getattr(attention, name).weight) for name in ("q_proj", "k_proj", "v_proj", "o_proj",
-                                                                       "q_norm", "k_norm")}
-    both = np.concatenate([context[0], block[0]])
-    positions = np.arange(context_len + n)
-    d = model.config["head_dim"]
-    q = rms_rope((block[0] @ w["q_proj"].T).reshape(n, -1, d), w["q_norm"], positions[context_len:])
-    k = rms_rope((both @ w["k_proj"].T).reshape(len(both), -1, d), w["k_norm"], positions)
-    v = (both @ w["v_proj"].T).reshape(len(both), -1, d)
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    query, key = positions[context_len:, None], positions[None]
-    visible = (key <= query) if causal is None else (key - query < 4)  # the window, both ways when non-causal
-    visible &= query - key < 4
-    scores = np.einsum("qhd,khd->hqk", q, k) * d ** -0.5
-    scores = np.where(visible[None], scores, -np.inf)
-    weights = np.exp(scores - scores.max(-1, keepdims=True))
-    weights /= weights.sum(-1, keepdims=True)
-    expected = np.einsum("hqk,khd->qhd", weights, v).reshape(n, -1) @ w["o_proj"].T
-    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out, zlab_attention(attention, context[0], block[0], causal, 4), rtol=1e-4, atol=1e-5)
 
 
 def assert_rounds_match_the_reference(target_path, path, reference_path, keep=None):

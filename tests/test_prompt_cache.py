@@ -12,6 +12,7 @@ from test_server import client
 
 import mlx_spec
 from mlx_spec.decode.rounds import Job
+from mlx_spec.drafters.dflash import BlockRows
 from mlx_spec.runners.ragged import RaggedBatch
 from mlx_spec.core.sampling import SamplingParams
 
@@ -89,11 +90,12 @@ def test_eight_conversations_stay_within_the_budget(tiny):
 @pytest.mark.parametrize("family,options", [
     ("qwen3", {"draft_model": "qwen3-draft"}), ("qwen3", {"drafter": "off", "kv_bits": 4, "kv_group_size": 32}),
     ("gemma3", {"draft_model": "gemma3-draft"}), ("qwen3_5", {"draft_model": "qwen3_5-draft"}),
+    ("qwen3", {"draft_model": "qwen3-dflash"}),
 ])
 def test_batched_rows_reuse_and_leave_cached_sequences(tiny, family, options, monkeypatch):
-    """Conversations decoded in a batch store what their rows held (the draft model's too); their next turns, in
-    a batch or alone, start from it (and a batch's rows from a turn decoded alone), and decode as plain decoding
-    does."""
+    """Conversations decoded in a batch store what their rows held (the draft model's too, a block drafter's
+    context); their next turns, in a batch or alone, start from it (and a batch's rows from a turn decoded alone),
+    and decode as plain decoding does."""
     options = {k: str(tiny[v]) if k == "draft_model" else v for k, v in options.items()}
     engine = mlx_spec.load(str(tiny[family]), draft_len=3, **options)
     engine.cache_prompts(1 << 30)
@@ -101,6 +103,9 @@ def test_batched_rows_reuse_and_leave_cached_sequences(tiny, family, options, mo
     monkeypatch.setattr(RaggedBatch, "extend", lambda self, tokens, *args: (
         self.model is getattr(engine.drafter, "weights", None) and draft_starts.append(int(self.offsets[0])))
         or extend(self, tokens, *args))
+    block_held, join = [], BlockRows.join  # what a block drafter's joining rows took back
+    monkeypatch.setattr(BlockRows, "join", lambda self, context, hidden=None, ready=True, held=None: (
+        block_held.append(held is not None)) or join(self, context, hidden, ready, held))
     prompts, held, every = [engine.encode(opening) for opening in OPENINGS[:4]], [0] * 4, []
     for turn in range(3):
         if turn == 1:  # one turn alone, the others in a batch
@@ -116,7 +121,7 @@ def test_batched_rows_reuse_and_leave_cached_sequences(tiny, family, options, mo
             prompts[i] = prompts[i] + result.tokens + engine.encode(f"\n# {turn}\n")
         assert max(r.stats.batch_size for _, r in results) > 1
     if "draft_model" in options:  # its rows took back what it held of each conversation's last turn
-        assert len([start for start in draft_starts if start > 0]) >= 6
+        assert len([start for start in draft_starts if start > 0]) >= 6 or sum(block_held) == 7
         assert 0 < sum(s.accepted for s in every) < sum(s.drafted for s in every)
 
 

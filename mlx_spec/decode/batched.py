@@ -184,7 +184,8 @@ class BatchedDecoder:
 
     def _cached(self, row: Row) -> RaggedBatch | None:
         """A one-row batch holding the start of `row`'s prompt that the prompt cache serves (None: none does)."""
-        tail = (self.hidden_tail if row.read_hidden else 0) if self.read_hidden else 0
+        reads = self.read_hidden and row.read_hidden and not self.drafters.resumes  # hidden states it must run
+        tail = self.hidden_tail if reads else 0
         found = self.prefixes and self.prefixes.find(row.job.prompt[:-1], tail)
         if not found:
             return None

@@ -11,7 +11,8 @@ With a tree width W > 1 a DFlash drafter proposes a DDTree (Algorithm 1 of its p
 probability under the block's per-position distributions, taken best-first (a prefix only after its parent),
 verified in one target forward as a token tree (its nodes are one-hot candidates: exact at every temperature).
 DSpark and DFlash2 drafters draft chains: each position's distribution depends on the token drafted before.
-In a batch (`RowDrafters`) each row keeps its own context and drafts its own block, one drafter forward a row.
+In a batch (`BlockRows`) every row keeps its own context and every drafting row's block runs in one drafter
+forward.
 """
 
 from __future__ import annotations
@@ -19,16 +20,25 @@ from __future__ import annotations
 from heapq import heappop, heappush
 
 import mlx.core as mx
+import numpy as np
 
 from ..core.sampling import SamplingParams
 from ..models.dflash import BlockDrafterModel, block_kind, load_block_drafter
 from ..models.dflash import read_config as block_config
 from ..runners.checkpoint import check_memory, vocab_size
+from ..runners.context_rows import ContextRows
 from ..runners.target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
 from ..seams import compat
-from ..seams.caches import restore, snapshot
+from ..seams.caches import restore, snapshot, snapshot_of
 from ..seams.errors import SpecError
-from .protocol import Draft, Drafter, Kind, Pairing, RowDrafters, draft_autoregressively
+from .protocol import (
+    BatchDrafter,
+    Draft,
+    Drafter,
+    Kind,
+    Pairing,
+    draft_autoregressively,
+)
 
 
 def best_first_tree(logits: mx.array, budget: int) -> Draft:
@@ -56,6 +66,46 @@ def best_first_tree(logits: mx.array, budget: int) -> Draft:
                  parents=[place[chosen[n][1]] if chosen[n][1] >= 0 else -1 for n in order])
 
 
+def block_inputs(model: BlockDrafterModel, embed, anchors: list[int], k: int) -> mx.array:
+    """The embedded blocks (B, n, H) that draft k tokens after each anchor: `[anchor, MASK ...]`."""
+    c = model.config
+    blocks = mx.array([[anchor] + [c["mask"]] * (k - c["from_anchor"]) for anchor in anchors], dtype=mx.int32)
+    return embed(blocks) * c["input_scale"] if c["input_scale"] != 1 else embed(blocks)
+
+
+def block_logits(model: BlockDrafterModel, head, hidden: mx.array) -> mx.array:
+    """The drafter's logits at positions whose final hidden states are `hidden` (..., H)."""
+    c = model.config
+    logits = head(hidden) * c["output_scale"] if c["output_scale"] != 1 else head(hidden)
+    return mx.tanh(logits / c["softcap"]) * c["softcap"] if c["softcap"] else logits
+
+
+def draft_block(model: BlockDrafterModel, logits: mx.array, hidden: mx.array, context: list[int], k: int,
+                params: SamplingParams, key: mx.array, width: int, constrain) -> Draft:
+    """A block's draft from its logits and final hidden states at its k draft positions ((k, D), (k, H)): a
+    DDTree `width` > 1 wide, or a chain sampled left to right (with DSpark's confidence in each position)."""
+    if width > 1:
+        return best_first_tree(model.to_target(logits), width * k)
+    anchor = mx.array(context[-1:], dtype=mx.int32)
+    markov = model.markov_head if "markov_head" in model else None
+    selector = model.candidate_selector if "candidate_selector" in model else None
+    if selector is not None:
+        ids, unary, projected = selector.candidates(logits, hidden)
+    row = iter(range(1, k))
+
+    def position_logits(previous: mx.array, i: int) -> mx.array:
+        if selector is not None:
+            return selector(previous, ids[i], unary[i], projected[i], logits.shape[-1])
+        return model.to_target(logits[i:i + 1] + (markov(previous) if markov is not None else 0))
+
+    draft = draft_autoregressively(position_logits(anchor, 0), lambda token: position_logits(token, next(row)),
+                                   k, params, context, key, constrain)
+    if "confidence_head" in model:  # DSpark: each position's chance of acceptance, for the policy's cut
+        previous = mx.concatenate([anchor, draft.tokens[:-1]])
+        draft.confidence = model.confidence_head(hidden, markov.markov_w1(previous))
+    return draft
+
+
 class BlockDrafter(Drafter):
     hidden_tail = None  # the context is every position's features
 
@@ -69,13 +119,8 @@ class BlockDrafter(Drafter):
         self.caches, self.pending, self.start = model.make_cache(), [], 0  # start: the next feature's position
         self.blocks, self.block_drafts, self.confidence = 0, 0, []  # this generation's, for `report`
 
-    def batched(self, target_batch) -> RowDrafters:
-        """Drafting for a batch: each row its own drafter (its context, the weights shared), chains or DDTrees."""
-        def row() -> BlockDrafter:
-            drafter = BlockDrafter(self.model, self.target_model)
-            drafter.width = self.width
-            return drafter
-        return RowDrafters(self.name, row)
+    def batched(self, target_batch) -> BlockRows:
+        return BlockRows(self)
 
     def covered(self) -> int:
         """The positions whose features the drafter holds or has waiting."""
@@ -132,33 +177,12 @@ class BlockDrafter(Drafter):
         self._catch_up()
         if k == 0 or not self.caches[0].offset:
             return Draft.empty()
-        c = self.model.config
         self.blocks, self.block_drafts = self.blocks + 1, self.block_drafts + k
-        anchor = mx.array(context[-1:], dtype=mx.int32)
-        block = mx.concatenate([anchor, mx.full((k - c["from_anchor"],), c["mask"], dtype=mx.int32)])
-        embedded = self.embed(block) * c["input_scale"] if c["input_scale"] != 1 else self.embed(block)
-        hidden = self.model(embedded[None], self.caches, self.start)[0, 0 if c["from_anchor"] else 1:]
-        logits = self.head(hidden) * c["output_scale"] if c["output_scale"] != 1 else self.head(hidden)
-        if c["softcap"]:
-            logits = mx.tanh(logits / c["softcap"]) * c["softcap"]
-        if self.width > 1:
-            return best_first_tree(self.model.to_target(logits), self.width * k)
-        markov = self.model.markov_head if "markov_head" in self.model else None
-        selector = self.model.candidate_selector if "candidate_selector" in self.model else None
-        if selector is not None:
-            ids, unary, projected = selector.candidates(logits, hidden)
-        row = iter(range(1, k))
-
-        def position_logits(previous: mx.array, i: int) -> mx.array:
-            if selector is not None:
-                return selector(previous, ids[i], unary[i], projected[i], logits.shape[-1])
-            return self.model.to_target(logits[i:i + 1] + (markov(previous) if markov is not None else 0))
-
-        draft = draft_autoregressively(position_logits(anchor, 0), lambda token: position_logits(token, next(row)),
-                                       k, params, context, key, self.constrain)
-        if "confidence_head" in self.model:  # DSpark: each position's chance of acceptance, for the policy's cut
-            previous = mx.concatenate([anchor, draft.tokens[:-1]])
-            draft.confidence = self.model.confidence_head(hidden, markov.markov_w1(previous))
+        blocks = block_inputs(self.model, self.embed, [context[-1]], k)
+        hidden = self.model(blocks, self.caches, self.start)[0, 0 if self.model.config["from_anchor"] else 1:]
+        draft = draft_block(self.model, block_logits(self.model, self.head, hidden), hidden, context, k, params, key,
+                            self.width, self.constrain)
+        if draft.confidence is not None:
             self.confidence.append(draft.confidence)
         return draft
 
@@ -178,6 +202,87 @@ class BlockDrafter(Drafter):
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         self.pending.append(step.hidden)  # the round's last token and accepted drafts
+
+
+class BlockRows(BatchDrafter):
+    """A block drafter's batch: every drafting row's block in one drafter forward, each over its own context,
+    the contexts side by side in one buffer per layer (`ContextRows`). A joining row's prompt features are read
+    by a drafter of its own, as alone (resuming what the prompt cache held), and its context then moves in."""
+
+    resumes = True
+
+    def __init__(self, drafter: BlockDrafter):
+        self.drafter, self.name, self.width = drafter, drafter.name, drafter.width
+        self.context = ContextRows()
+        self.starts: list[int] = []  # per row: the position of its next feature
+        self.pending: list[list[mx.array]] = []  # per row: features waiting to join its context
+
+    def join(self, context: list[int], hidden=None, ready: bool = True, held=None) -> None:
+        row = BlockDrafter(self.drafter.model, self.drafter.target_model)
+        row.resume(held)
+        rows = 0 if hidden is None else hidden.shape[0]
+        row.begin(context, Step(None, hidden, start=len(context) - 1 - rows))
+        c, length = self.drafter.model.config, row.caches[0].offset
+        empty = mx.zeros((1, c["kv_heads"], 0, c["head_dim"]), dtype=self.drafter.model.norm.weight.dtype)
+        self.context.add_row([(cache.keys[..., :length, :], cache.values[..., :length, :]) if length else
+                              (empty, empty) for cache in row.caches], np.arange(row.start - length, row.start))
+        self.starts.append(row.start)
+        self.pending.append([])
+
+    def select(self, rows: list[int]) -> None:
+        self.context.select(rows)
+        self.starts, self.pending = [self.starts[i] for i in rows], [self.pending[i] for i in rows]
+
+    def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None, tree_logits=None) -> None:
+        for waiting, row, count in zip(self.pending, hidden, accepted):
+            waiting.append(row[:count + 1])
+        if max(sum(h.shape[0] for h in waiting) for waiting in self.pending) >= PREFILL_CHUNK:
+            self._catch_up()  # rounds without drafts: their features go in before they pile up
+
+    def _catch_up(self) -> None:
+        """Every row's waiting features join its context, in one forward of the drafter's projections."""
+        counts = [sum(h.shape[0] for h in waiting) for waiting in self.pending]
+        longest = max(counts, default=0)
+        if not longest:
+            return
+        like = next(h for waiting in self.pending for h in waiting)
+        features = mx.stack([mx.concatenate([*waiting, mx.zeros((longest - count, like.shape[-1]), like.dtype)])
+                             for waiting, count in zip(self.pending, counts)])
+        positions = np.array([[start + j if j < count else -1 for j in range(longest)]
+                              for start, count in zip(self.starts, counts)])
+        self.context.append(self.drafter.model.context_kv(features, mx.array(self.starts)), positions)
+        self.starts = [start + count for start, count in zip(self.starts, counts)]
+        self.pending = [[] for _ in self.pending]
+
+    def propose(self, contexts: list[list[int]], lengths: list[int], params: list[SamplingParams],
+                keys: list[mx.array]) -> list[Draft]:
+        self._catch_up()
+        drafts = [Draft.empty() for _ in contexts]
+        drafting = [i for i, k in enumerate(lengths) if k and self.context.holds(i)]
+        if not drafting:
+            return drafts
+        model, skip = self.drafter.model, 0 if self.drafter.model.config["from_anchor"] else 1
+        sizes = [lengths[i] + skip for i in drafting]  # each row's block
+        blocks = block_inputs(model, self.drafter.embed, [contexts[i][-1] for i in drafting],
+                              max(lengths[i] for i in drafting))
+        context, positions = self.context.rows(drafting)
+        hidden = model.over_rows(blocks, context, positions, mx.array([self.starts[i] for i in drafting]),
+                                 mx.array(sizes))
+        logits = block_logits(model, self.drafter.head, hidden)  # every row's in one product
+        for j, (i, size) in enumerate(zip(drafting, sizes)):
+            drafts[i] = draft_block(model, logits[j, skip:size], hidden[j, skip:size], contexts[i], lengths[i],
+                                    params[i], keys[i], self.width, self.constraints and self.constraints[i])
+        return drafts
+
+    def row_state(self, row: int, context: list[int]) -> tuple:
+        """Row `row`'s context as `BlockDrafter.hold` gives it."""
+        layers, positions = self.context.row(row)
+        caches = self.drafter.model.make_cache()
+        return snapshot_of(caches, [list(layer) for layer in layers], len(positions)), list(self.pending[row]), \
+            self.starts[row]
+
+    def set_width(self, width: int) -> None:
+        self.width = width
 
 
 def features(pairing: Pairing) -> list[int]:

@@ -124,7 +124,7 @@ class BatchedDraftModel(BatchDrafter):
     over a RaggedBatch of the draft model's own, whose row i holds the first `batch.offsets[i]` tokens of its
     context; a round feeds each row the rest, then the drafted tokens, and keeps what the target accepted."""
 
-    name = "draft-model"
+    name, resumes = "draft-model", True
 
     def __init__(self, model, vocab_size: int, runner: Target):
         """runner: the draft model alone (`DraftModelDrafter`'s), whose cache layout the prompt cache keeps."""
@@ -185,7 +185,7 @@ class BatchedDraftModel(BatchDrafter):
         def next_logits(column: mx.array) -> mx.array:
             return fit_vocabulary(self.batch.forward(column[:, None], [1] * len(tails))[:, 0], self.vocab_size)
 
-        return draft_batch(logits, next_logits, contexts, lengths, params, keys)
+        return draft_batch(logits, next_logits, contexts, lengths, params, keys, self.constraints)
 
     def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None, tree_logits=None) -> None:
         """Keep each row's fed tail and its accepted drafts that were fed (the last draft never is)."""

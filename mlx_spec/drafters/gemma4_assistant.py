@@ -121,7 +121,7 @@ class BatchedAssistant(LastHiddenRows):
             return logits[:, 0]
 
         first = next_logits(mx.array([context[-1] for context in contexts], dtype=mx.int32))
-        return draft_batch(first, next_logits, contexts, lengths, params, keys)
+        return draft_batch(first, next_logits, contexts, lengths, params, keys, self.constraints)
 
 
 def mismatch(assistant_cfg: dict, target_cfg: dict) -> str | None:

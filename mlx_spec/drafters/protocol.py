@@ -90,6 +90,8 @@ class BatchDrafter:
     `held`: what the prompt cache kept of the drafter's state, as `row_state` gave it) and leave (`select`)."""
 
     name: str = ""
+    resumes: bool = False  # a joining row takes back its context from `held` (read from the prompt's hidden
+    # states otherwise: a row served a cached prefix then runs the positions its drafter reads)
 
     @property
     def outlook(self) -> list[float] | None:
@@ -117,8 +119,12 @@ class BatchDrafter:
         """Row `row`'s drafter state, as `Drafter.hold` gives it (None: none kept)."""
         return None
 
+    constraints: list | None = None  # per row: its grammar's mask of logits by the drafts before (`constrain`)
+
     def constrain(self, grammars: list) -> None:
         """Each row's grammar (None: none), for drafters that mask their drafts by it while drafting."""
+        self.constraints = ([grammar_mask(grammar) for grammar in grammars]
+                            if any(grammar is not None for grammar in grammars) else None)
 
     def set_width(self, width: int) -> None:
         """The next rounds' token trees are `width` wide (1: chains), at most the width the drafter was loaded
@@ -283,24 +289,30 @@ def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.arr
 
 
 def draft_batch(logits: mx.array, next_logits: Callable[[mx.array], mx.array], contexts: list[list[int]],
-                lengths: list[int], params: list[SamplingParams], keys: list[mx.array]) -> list[Draft]:
+                lengths: list[int], params: list[SamplingParams], keys: list[mx.array],
+                constraints: list | None = None) -> list[Draft]:
     """Row i's chain of lengths[i] tokens from a model that drafts one step for a whole batch at a time, each row
-    as `draft_autoregressively` drafts alone (its own sampling settings and keys): `logits` (B, V) scores every
-    row's first draft, `next_logits(column)` feeds each row's newest token (B,) (0 for a row that is done) and
-    scores the next. Lazy."""
+    as `draft_autoregressively` drafts alone (its own sampling settings and keys, its grammar's mask from
+    `constraints`: `BatchDrafter.constraints`): `logits` (B, V) scores every row's first draft, `next_logits(column)`
+    feeds each row's newest token (B,) (0 for a row that is done) and scores the next. Lazy, but for rows under a
+    grammar, whose drafts are read to the host step by step."""
     longest = max(lengths)
-    tokens, dists = [[] for _ in contexts], [[] for _ in contexts]
+    tokens, dists, drafted_ids = [[] for _ in contexts], [[] for _ in contexts], [[] for _ in contexts]
     step_keys = [mx.random.split(key, k) if k else None for key, k in zip(keys, lengths)]
+    masks = constraints or [None] * len(contexts)
     for j in range(longest):
         column = []
-        for row, (context, k, p) in enumerate(zip(contexts, lengths, params)):
+        for row, (context, k, p, mask) in enumerate(zip(contexts, lengths, params, masks)):
             if j < k:
                 drafted = mx.concatenate(tokens[row]) if tokens[row] else None
+                scores = logits[row:row + 1] if mask is None else mask(logits[row:row + 1], drafted_ids[row])
                 if p.greedy:  # deterministic draft: q is one-hot, so none is kept
-                    tokens[row].append(greedy_tokens(logits[row:row + 1], p, context, drafted, start=j))
+                    tokens[row].append(greedy_tokens(scores, p, context, drafted, start=j))
                 else:
-                    dists[row].append(distributions(logits[row:row + 1], p, context, drafted, start=j))
+                    dists[row].append(distributions(scores, p, context, drafted, start=j))
                     tokens[row].append(sample(dists[row][-1], step_keys[row][j]))
+                if mask is not None:
+                    drafted_ids[row].append(tokens[row][-1].item())
             column.append(tokens[row][-1] if j < k else mx.zeros((1,), dtype=mx.int32))
         if j < longest - 1:
             logits = next_logits(mx.concatenate(column).astype(mx.int32))

@@ -216,7 +216,8 @@ class BatchedMTP(BatchDrafter):
             hidden = self.batch.forward(self.rows.inputs(column, hidden)[:, None], [1] * len(column))[:, 0]
             return self.head(hidden)
 
-        return draft_batch(self.head(hidden), next_logits, contexts, lengths, params, keys)
+        return draft_batch(self.head(hidden), next_logits, contexts, lengths, params, keys,
+                           self.constraints)
 
     def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array, tree_logits=None) -> None:
         """Drop the draft steps' rows; each row's accepted drafts and the target's next token wait for rows

@@ -37,6 +37,7 @@ dropped.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -174,10 +175,11 @@ class BlockAttention(nn.Module):
     def split(self, x: mx.array, heads: int) -> mx.array:
         return x.reshape(*x.shape[:2], heads, -1).transpose(0, 2, 1, 3)
 
-    def append(self, context: mx.array, rope, cache, start: int) -> None:
-        """Add the K/V of context features (B, S, H) at positions start .. start + S - 1 to `cache`."""
+    def project(self, context: mx.array, rope, start) -> tuple[mx.array, mx.array]:
+        """The keys and values (B, KV heads, S, D) of context features (B, S, H) at positions start .. start + S - 1
+        (`start`: an int, or (B,), each row's)."""
         keys = rope(self.k_norm(self.split(self.k_proj(context), self.kv_heads)), offset=start)
-        cache.update_and_fetch(keys, self.split(self.v_proj(context), self.kv_heads))
+        return keys, self.split(self.v_proj(context), self.kv_heads)
 
     def every_block(self, x: mx.array, context: mx.array, rope, anchors: mx.array, mask: mx.array) -> mx.array:
         """Training's attention: x (B, m n, H) holds m blocks of n positions, block j at positions anchors[:, j]
@@ -199,6 +201,27 @@ class BlockAttention(nn.Module):
                                                                                            self.kv_heads)], axis=2)
         out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, total, -1))
+
+    def over_rows(self, x: mx.array, rope, keys: mx.array, values: mx.array, positions: mx.array, at: mx.array,
+                  lengths: mx.array) -> mx.array:
+        """x (B, n, H): each row's block from its position at[i], its first lengths[i] positions its own (the rest
+        padding no query of its own sees), after its context: keys and values (B, KV heads, S, D) at `positions`
+        (B, S; -1: a hole); what `__call__` gives each row alone."""
+        n = x.shape[1]
+        queries = rope(self.q_norm(self.split(self.q_proj(x), self.heads)), offset=at)
+        block_keys, block_values = self.project(x, rope, at)
+        keys, values = mx.concatenate([keys, block_keys], axis=2), mx.concatenate([values, block_values], axis=2)
+        query = at[:, None] + mx.arange(n)[None]  # (B, n)
+        key = mx.concatenate([positions, query], axis=1)  # (B, S + n)
+        sees = mx.concatenate([positions >= 0, mx.arange(n)[None] < lengths[:, None]], axis=1)[:, None]
+        if self.seen is not None:  # the last `seen` context positions, or within the query's moving window
+            sees = sees & (key >= (at - self.seen)[:, None])[:, None]
+            if self.window_moves:
+                sees = sees & (mx.abs(query[:, :, None] - key[:, None]) <= self.seen)
+        if self.causal:
+            sees = sees & (key[:, None] <= query[:, :, None])
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=sees[:, None])
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1))
 
     def __call__(self, x: mx.array, rope, cache, at: int) -> mx.array:
         """x (B, n, H): the block, from position `at`, after the context in `cache` (its K/V join the cache: the
@@ -269,14 +292,14 @@ class BlockLayer(nn.Module):
         if c["conv"]:
             self.attention_conv, self.mlp_conv = (DynamicConv(c["hidden_size"], *c["conv"]) for _ in range(2))
 
-    def __call__(self, x, rope, cache, at: int, training: tuple | None = None):
-        """training: (context, anchors, mask) for `BlockAttention.every_block` instead of the cache."""
+    def __call__(self, x: mx.array, attend: Callable[[BlockAttention, mx.array], mx.array]) -> mx.array:
+        """attend(self_attn, y): the attention's output for y over the context as the caller holds it (a cache,
+        a batch's rows, training's whole sequence)."""
         if "attention_conv" not in self:
-            h = x + (self.self_attn.every_block(self.input_layernorm(x), *training[:1], rope, *training[1:])
-                     if training else self.self_attn(self.input_layernorm(x), rope, cache, at))
+            h = x + attend(self.self_attn, self.input_layernorm(x))
             return h + self.mlp(self.post_attention_layernorm(h))
         mixed, kernel = self.attention_conv.prepare(self.input_layernorm(x))
-        h = x + self.attention_conv.finish(self.self_attn(mixed, rope, cache, at), kernel)
+        h = x + self.attention_conv.finish(attend(self.self_attn, mixed), kernel)
         mixed, kernel = self.mlp_conv.prepare(self.post_attention_layernorm(h))
         return h + self.mlp_conv.finish(self.mlp(mixed), kernel)
 
@@ -364,18 +387,33 @@ class BlockDrafterModel(nn.Module):
         """Every layer keeps every context position (a sliding one reads the last of them)."""
         return compat.plain_kv_caches(len(self.layers))
 
+    def context_kv(self, features: mx.array, start) -> list[tuple[mx.array, mx.array]]:
+        """Each layer's keys and values (B, KV heads, S, D) of the target's `features` (B, S, F) at positions start
+        .. start + S - 1 (`start`: an int, or (B,), each row's)."""
+        context = self.hidden_norm(self.fc(features))
+        return [layer.self_attn.project(context, self.rope, start) for layer in self.layers]
+
     def extend(self, features: mx.array, cache: list, start: int) -> None:
         """Append the target's `features` (B, S, F) at positions start .. start + S - 1 to the context."""
-        context = self.hidden_norm(self.fc(features))
-        for layer, layer_cache in zip(self.layers, cache):
-            layer.self_attn.append(context, self.rope, layer_cache, start)
+        for layer_cache, (keys, values) in zip(cache, self.context_kv(features, start)):
+            layer_cache.update_and_fetch(keys, values)
 
     def __call__(self, block: mx.array, cache: list, at: int) -> mx.array:
         """The final hidden states (B, n, H) of `block` (B, n, H: embedded) at positions at .. at + n - 1, after
         the context in `cache`."""
         for layer, layer_cache in zip(self.layers, cache):
-            block = layer(block, self.rope, layer_cache, at)
+            block = layer(block, lambda attention, x, c=layer_cache: attention(x, self.rope, c, at))
         rollback(cache, block.shape[1], block.shape[1])  # the cache holds context only
+        return self.norm(block)
+
+    def over_rows(self, block: mx.array, context: list[tuple[mx.array, mx.array]], positions: mx.array,
+                  at: mx.array, lengths: mx.array) -> mx.array:
+        """The final hidden states (B, n, H) of each row's block (`block` (B, n, H): embedded; row i's first
+        lengths[i] positions, from position at[i]) after its context: each layer's keys and values (B, KV heads,
+        S, D) at `positions` (B, S; -1: a hole)."""
+        for layer, (keys, values) in zip(self.layers, context):
+            block = layer(block, lambda attention, x, k=keys, v=values: attention.over_rows(
+                x, self.rope, k, v, positions, at, lengths))
         return self.norm(block)
 
     def every_block(self, features: mx.array, blocks: mx.array, anchors: mx.array) -> mx.array:
@@ -389,7 +427,7 @@ class BlockDrafterModel(nn.Module):
         mask = mx.concatenate([sees_context.reshape(b, m * n, length), same_block], axis=-1)[:, None]
         x = blocks.reshape(b, m * n, h)
         for layer in self.layers:
-            x = layer(x, self.rope, None, 0, (context, anchors, mask))
+            x = layer(x, lambda attention, y: attention.every_block(y, context, self.rope, anchors, mask))
         return self.norm(x).reshape(b, m, n, h)
 
 

@@ -17,8 +17,10 @@ least recently used sequences go when the stored ones would take more than the b
 
 Rows of a batch (`RowPrefixes`) start from the stored sequence, or the live one, that serves their prompt best,
 and store what they hold when they finish (and, for targets that cannot be cut back, their prompt once it is
-prefilled); their drafters keep no state of their own here: they start from the hidden states the rest of the
-prompt's prefill gives them, so a row whose drafter reads every position's runs its whole prompt.
+prefilled). A batch drafter that keeps each row's state (a draft model's cache, a block drafter's context:
+`BatchDrafter.row_state`) stores it with the row, and a row served the sequence whole takes it back; other
+drafters start from the hidden states the rest of the prompt's prefill gives them, so a row whose drafter reads
+every position's (an EAGLE-3 head's) runs its whole prompt.
 """
 
 from __future__ import annotations
