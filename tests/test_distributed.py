@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -168,25 +169,34 @@ def test_other_drafters_and_caches_on_two_ranks_are_one_process(tiny, tmp_path, 
     assert outputs[1][0] == ""
 
 
-def test_tensor_parallel_qwen3_with_a_draft_model_serves_a_client(tiny, tmp_path):
-    """Rank 0 serves (a real client over HTTP), rank 1 follows each request; Ctrl+C ends both."""
+def test_tensor_parallel_qwen3_with_a_draft_model_serves_clients_in_a_batch(tiny, tmp_path):
+    """Rank 0 serves (real clients over HTTP, at once: their requests share a batch), rank 1 follows each batch;
+    Ctrl+C ends both."""
     port = free_port()
     args = ["serve", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]), "--distributed",
             "tensor", "--port", str(port), "--api-key", KEY]
     ranks = start_ranks(tmp_path, args, args)
     url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
+    prompts = ["def main():", PROMPT, PROMPT * 2]
+
+    def complete(prompt: str) -> dict:
+        return httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 24}, headers=headers,
+                          timeout=120).json()
+
     try:
         wait_until_serving(port, ranks)
-        answers = [httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 16}, headers=headers,
-                              timeout=120).json()["choices"][0]["text"] for prompt in ("def main():", PROMPT)]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            replies = list(pool.map(complete, prompts))
     finally:
         ranks[0].send_signal(signal.SIGINT)
         codes = [rank.wait(timeout=60) for rank in ranks]
     errors = ranks[0].stderr.read() + ranks[1].stderr.read()
     assert codes == [130, 0], errors  # Ctrl+C ends the leader as every command; it tells the follower to stop
-    assert "one request at a time" in errors
-    engine = mlx_spec.load(str(tiny["qwen3"]), str(tiny["qwen3-draft"]), "draft-model")
-    assert answers == [engine.generate(p, max_tokens=16).text for p in ("def main():", PROMPT)]
+    assert "one request at a time" not in errors
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="off")
+    assert [reply["choices"][0]["text"] for reply in replies] == [engine.generate(p, max_tokens=24).text
+                                                                  for p in prompts]
+    assert max(reply["usage"]["batch_size"] for reply in replies) > 1
 
 
 PIN_AND_STOP_MIDWAY = """
@@ -225,6 +235,83 @@ def test_a_pin_and_a_stop_midway_reach_every_rank(tiny, tmp_path):
     tokenizer = mlx_spec.load(str(tiny["qwen3"]), drafter="off").tokenizer
     reference = plain_greedy(tiny["qwen3"], render_prompt(tokenizer, PROMPT, raw=True), len(result["tokens"]))
     assert result["tokens"] == reference
+
+
+@pytest.mark.parametrize("mode", ["tensor", "pipeline"])
+def test_batches_on_two_ranks_are_plain_decoding_on_one(tiny, tmp_path, mode):
+    """`batch` across two ranks: rows of different lengths join and leave one batch, drafting the adaptive
+    policy's lengths from rank 0's round times; every row is mlx-lm's plain greedy decoding in one process."""
+    tokenizer = mlx_spec.load(str(tiny["qwen3_5"]), drafter="off").tokenizer
+    texts = [PROMPT, "def add(a, b):", PROMPT * 2, "class Stack:", "import os\n"]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": text, "raw": True, "max_tokens": 12 + 6 * i}) + "\n"
+                               for i, text in enumerate(texts)))
+    out = tmp_path / "out.jsonl"
+    proc = mlx_launch("batch", str(prompts), "-o", str(out), *drafter_args(tiny, "draft-model"), "--distributed",
+                      mode, "--batch-size", "3", "--quiet")
+    results = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())} if out.exists() else {}
+    assert sorted(results) == list(range(len(texts))), proc.stderr
+    for i, text in enumerate(texts):
+        ids = render_prompt(tokenizer, text, raw=True)
+        assert results[i]["text"] == mlx_lm_text(tokenizer, plain_greedy(tiny["qwen3_5"], ids, 12 + 6 * i)), i
+    assert max(r["stats"]["batch_size"] for r in results.values()) == 3
+    assert sum(r["stats"]["drafted"] for r in results.values()) > 0, proc.stderr
+
+
+PINS_AND_STOPS_IN_A_BATCH = """
+import json, sys
+import mlx_spec
+from mlx_spec import Job, SamplingParams
+from mlx_spec.core.events import Done, Round
+distributed = sys.argv[4] if sys.argv[4] != "none" else None
+engine = mlx_spec.load(sys.argv[1], sys.argv[2], "draft-model", distributed=distributed)
+if distributed and not engine.lockstep.leader:
+    sys.exit(engine.lockstep.follow(engine))
+prompt = engine.encode(sys.argv[3])
+jobs = {"greedy": Job(prompt, max_tokens=40), "sampled": Job(prompt[:20], SamplingParams(temperature=1.0), 30,
+        seed=7, draft_len=2), "pinned": Job(prompt[5:], max_tokens=40, draft_len=3), "stopped": Job(prompt, max_tokens=60),
+        "late": Job(prompt[:9], max_tokens=20)}
+waiting, lengths, results = list(jobs.items()), {key: [] for key in jobs}, {}
+for key, event in engine.stream_many(lambda: waiting.pop(0) if waiting else None, 3,
+                                     lambda key: key == "stopped" and len(lengths[key]) >= 6):
+    if isinstance(event, Round):
+        lengths[key].append(event.draft_len)
+        if key == "pinned" and len(lengths[key]) == 3:
+            jobs[key].draft_len = 1  # what the server's control route does from a request's thread
+    if isinstance(event, Done):
+        results[key] = {"tokens": event.tokens, "lengths": lengths[key], "stop_reason": event.stop_reason,
+                        "batch_size": event.stats.batch_size}
+print(json.dumps(results))
+if distributed:
+    engine.lockstep.finish()
+"""
+
+
+def test_a_batchs_pins_stops_and_joins_reach_every_rank(tiny, tmp_path):
+    """Five jobs through a batch of three on two ranks (the Python API, as the server drives it): a row re-pinned
+    midway and a row stopped midway act on both ranks at the same round (else their collectives would no longer
+    match), a row joins as one leaves; greedy rows are plain decoding, the sampled row draws what one process
+    draws with its seed and pin."""
+    args = [str(tiny["qwen3"]), str(tiny["qwen3-draft"]), PROMPT * 2]
+    ranks = start_ranks(tmp_path, [*args, "tensor"], [*args, "tensor"], program=("-c", PINS_AND_STOPS_IN_A_BATCH))
+    codes = [rank.wait(timeout=180) for rank in ranks]
+    outputs = [rank.stdout.read() for rank in ranks]
+    assert codes == [0, 0], [rank.stderr.read() for rank in ranks]
+    results = json.loads(outputs[0])
+    alone = subprocess.run([sys.executable, "-c", PINS_AND_STOPS_IN_A_BATCH, *args, "none"], capture_output=True,
+                           text=True, timeout=180)
+    assert results["sampled"] == json.loads(alone.stdout)["sampled"], alone.stderr
+    ids = mlx_spec.load(str(tiny["qwen3"]), drafter="off").encode(PROMPT * 2)
+    reference = {key: plain_greedy(tiny["qwen3"], prompt, 60)
+                 for key, prompt in {"greedy": ids, "pinned": ids[5:], "stopped": ids, "late": ids[:9]}.items()}
+    for key, expected in reference.items():
+        assert results[key]["tokens"] == expected[:len(results[key]["tokens"])], key
+    assert len(results["greedy"]["tokens"]) == 40 and results["stopped"]["stop_reason"] == "stopped"
+    assert len(results["stopped"]["lengths"]) == 6  # asked after its 6th round
+    pinned = results["pinned"]["lengths"]  # pinned after its 3rd round: from its 4th on (0 once one token is left)
+    assert pinned[:3] == [3] * 3 and pinned[3] == 1 and set(pinned[3:]) <= {0, 1}, pinned
+    assert max(result["batch_size"] for result in results.values()) == 3
+    assert outputs[1] == ""
 
 
 @pytest.mark.parametrize("victim", [1, 0])

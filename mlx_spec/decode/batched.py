@@ -96,6 +96,7 @@ class BatchedDecoder:
         self.tree_width = drafter.width if drafter else 1
         self.name = drafter.name if drafter else "off"
         self.prefixes = prefixes
+        self.lockstep = None  # distributed.Lockstep: the target is sharded across ranks that decode in step
 
     def run(self, jobs: Iterable[Job], batch_size: int) -> Iterator[tuple[int, Result]]:
         """Decode every job, at most `batch_size` at a time; yields (its index in `jobs`, its Result) as each
@@ -112,15 +113,20 @@ class BatchedDecoder:
         room), at most `batch_size` at a time, until none is left; yields (key, event): each row's Round, Token,
         Text and Done events as the engine's `stream` does. `should_stop(key)` ends a row after this round with
         stop reason "stopped". The batch's rows are `rows`, in order."""
+        agree, stops = None, lambda keys: [should_stop(key) for key in keys]
+        if self.lockstep:  # every rank takes the leader's jobs and stops, and checks each round's tokens
+            take, stops, agree = self.lockstep.in_step(take, stops)
         rows, joining, batch = [], deque(), RaggedBatch(self.model, **self.kv)
         drafters = self.drafters = self.drafter.batched(batch) if self.drafter else None
         alone = self.alone
         self.loop = RoundLoop(batch, self.tokenizer, drafters, self.read_hidden, self.policy,
                               alone and (lambda: alone), self.tree_width)
+        self.loop.agree = agree
         while True:
             while len(rows) + len(joining) < batch_size and (item := take()) is not None:
                 joining.append(Row(*item, self.tokenizer, self.name))
-            for row in [row for row in joining if should_stop(row.key)]:  # between its prefill's chunks
+            stopped = stops([row.key for row in joining]) if joining else []
+            for row in [row for row, stop in zip(list(joining), stopped) if stop]:  # between its prefill's chunks
                 joining.remove(row)
                 row.stop_reason = "stopped"
                 yield from ((row.key, event) for event in row.finish())
@@ -129,11 +135,13 @@ class BatchedDecoder:
             if not rows:
                 if joining:
                     continue
+                if self.lockstep:  # ended as every rank ends it (not after a failed collective: none may follow)
+                    self.lockstep.end()
                 return
-            yield from self.loop.round(rows, ahead=not joining)
-            for row in rows:
-                if not row.stop_reason and should_stop(row.key):
-                    row.stop_reason = "stopped"
+            yield from self.loop.round(rows, ahead=not joining and not self.lockstep)
+            running = [row for row in rows if not row.stop_reason]
+            for row, stop in zip(running, stops([row.key for row in running]) if running else []):
+                row.stop_reason = "stopped" if stop else None
             if any(row.stop_reason for row in rows):
                 staying = [i for i, row in enumerate(rows) if not row.stop_reason]
                 for i, row in enumerate(rows):

@@ -112,6 +112,14 @@ class Engine:
         its statistics (on distributed ranks after the next round: the ranks agree on it first, as on a `pin`)."""
         self.stop_requested = True
 
+    def check_job(self, job: Job) -> None:
+        """A SpecError unless this engine can decode `job`: it fits (`check_fits`), and its settings are served
+        here."""
+        self.check_fits(len(job.prompt), job.max_tokens)
+        if job.grammar is not None and self.lockstep:
+            raise SpecError("constrained output across distributed ranks is not supported yet: serve it from one "
+                            "process")
+
     def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         """A SpecError unless a prompt of `prompt_tokens` and `max_tokens` more fit the model's context."""
         if self.context_length and prompt_tokens + max_tokens > self.context_length:
@@ -192,10 +200,7 @@ class Engine:
         """`stream`'s events for a job of token ids (`chat`: the chat it renders, to `remember_chat`): its own
         `draft_len` where pinned (which may change while it runs), else this engine's policy."""
         context, pins = job.prompt, job
-        self.check_fits(len(context), job.max_tokens)
-        if job.grammar is not None and self.lockstep:
-            raise SpecError("constrained output across distributed ranks is not supported yet: serve it from one "
-                            "process")
+        self.check_job(job)
         if self.lockstep:  # the other ranks run this generation too, by the engine's pin (`one_at_a_time` set it
             job = replace(job, draft_len=None)  # from the job's), which they agree on
             self.lockstep.begin(self, context, job.params, job.max_tokens, list(job.stop), job.seed)
@@ -307,8 +312,6 @@ class Engine:
 
     def batch_problem(self) -> str | None:
         """Why `generate_many` can only decode one sequence at a time here (None: it batches)."""
-        if self.lockstep:
-            return "batches are not decoded across distributed ranks yet"
         return batch_problem(self.target.model, self.drafter)
 
     def largest_batch(self, tokens_per_row: int) -> int:
@@ -333,8 +336,8 @@ class Engine:
                     yield index, collect(iter(events))
                     events = []
             return
-        fitting = (self.check_fits(len(job.prompt), job.max_tokens) or job for job in jobs)
-        decoder = self._decoder(self.next_policy.pinned)
+        fitting = (self.check_job(job) or job for job in jobs)
+        decoder = self._decoder(self.next_policy.pinned, batch_size)
         try:
             yield from decoder.run(fitting, batch_size)
         finally:
@@ -350,9 +353,19 @@ class Engine:
         if batch_size == 1:
             yield from self.one_at_a_time(take, should_stop, adaptive=True)
             return
-        decoder = self._decoder(None)
+        decoder = self._decoder(None, batch_size)
         try:
             yield from decoder.stream(take, batch_size, should_stop)
+        finally:
+            self.keep_profile(decoder.alone)
+
+    def follow_batch(self, batch_size: int, draft_len: int | None) -> None:
+        """A follower rank's part of the leader's batch (`distributed.Lockstep.follow`): the same rounds, its
+        jobs and stops the leader's."""
+        decoder = self._decoder(draft_len, batch_size)
+        try:
+            for _ in decoder.stream(lambda: None, batch_size):
+                pass
         finally:
             self.keep_profile(decoder.alone)
 
@@ -369,10 +382,11 @@ class Engine:
             finally:
                 self.next_policy = engine_policy
 
-    def _decoder(self, draft_len: int | None):
+    def _decoder(self, draft_len: int | None, batch_size: int):
         """A batch's decoder; an adaptive one goes on with what the last batch's policy learnt (a server decodes
         each burst of requests, a lone one too, as a batch of its own), and decides rounds with one row as
-        `stream` does, from the profile (`keep_profile` keeps what they learnt)."""
+        `stream` does, from the profile (`keep_profile` keeps what they learnt). On distributed ranks the leader
+        announces it (`Lockstep.begin_batch`)."""
         if problem := self.batch_problem():
             raise SpecError(f"{problem}: use a batch size of 1")
         decoder = BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
@@ -381,6 +395,9 @@ class Engine:
                                      self.prompt_cache, self.target, self.cached_context, self.drafter),
                                  self.batch_policy if draft_len is None else None,
                                  draft_policy(None, self.max_draft_len, 1, self.learnt) if self.drafter else None)
+        if self.lockstep:
+            decoder.lockstep = self.lockstep
+            self.lockstep.begin_batch(self, decoder, batch_size, draft_len)
         if draft_len is None:
             self.batch_policy = decoder.policy
         return decoder

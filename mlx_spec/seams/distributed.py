@@ -3,13 +3,16 @@
 Every rank holds a slice of the target (mlx-lm's tensor or pipeline sharding: its forward passes exchange
 activations among the ranks) and a whole drafter, and runs the same engine on the same inputs with the same seeds,
 so every rank drafts, verifies and accepts the same tokens without sending drafts around. Rank 0 (the leader) runs
-the command; the others (followers) run each generation it starts. Three things keep them in step:
+the command; the others (followers) run each generation and batch it starts. These keep them in step:
 - `share`: the leader hands each generation (the engine it runs on, its prompt ids, settings, the draft-length
   policy's state and its drafter's estimates of its drafts) to every follower before it starts;
 - `agree`, once a round: every rank contributes a checksum of the tokens it accepted, and takes the leader's round
   time (the policy learns the same costs everywhere, so it picks the same draft lengths), its stop request and
   a draft length pinned meanwhile; a checksum that differs stops every rank with an error (ranks on different
   hardware computing different floats);
+- a batch (`begin_batch`, `in_step`): the leader announces it with its policies' state, then hands every rank
+  each job as it joins and, once a round, every row's stop and draft-length pin in one collective, so rows
+  join, leave and take a pin at the same round on every rank (the round's checksum as above);
 - `finish`: the leader's last message, after which the followers exit.
 A rank that dies breaks the others' next collective ("connection lost"): `lost` turns that into a one-line error.
 MLX's ring backend can also leave a survivor waiting forever instead (a socket's I/O thread that gave up takes no
@@ -21,6 +24,7 @@ break itself and exits with status 2.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -151,6 +155,19 @@ class Generation:
     seed: int
 
 
+@dataclass
+class Batch:
+    """What a follower needs to run the leader's next batch exactly as the leader does (its jobs and stops come
+    round by round: `in_step`)."""
+
+    engine: int  # as `Generation`'s
+    drafter: str
+    draft_len: int | None  # the batch's pinned draft length (None: adaptive)
+    policies: tuple  # the batch decoder's draft-length policies (a batch's, a lone row's) as they stand
+    estimates: object
+    batch_size: int
+
+
 class Lockstep:
     """The ranks of one sharded engine (and its siblings) acting as one; see the module docstring."""
 
@@ -160,6 +177,7 @@ class Lockstep:
         self.engines: list = []  # the leader's engines, by the index generations name them with
         self.running = False  # a generation is under way (from its announcement on): no other collective may start
         self.policy = None  # the draft-length policy the followers last received
+        self.announced: Batch | None = None  # a follower's: the batch it runs
         self.done = False  # this rank ended its part normally: a neighbour ending now is no break
         hosts = ring_hosts()
         self.links = watch_neighbours(self, hosts) if hosts and len(hosts) == self.size else []
@@ -180,26 +198,85 @@ class Lockstep:
         payload = data if self.leader else np.zeros(length, np.uint8)
         return pickle.loads(self._sum(payload).tobytes())
 
-    def begin(self, engine, prompt: list[int], params, max_tokens: int, stop: list[str], seed: int) -> None:
-        """Called by `Engine.stream` as a generation starts: the leader sends it to the followers."""
-        policy = engine.next_policy  # read once: a pin may land at any time
+    def _decide(self, value: int) -> int:
+        """The leader's whole number `value` on every rank (the followers' is ignored), in one collective."""
+        return int(self._sum(np.array([value if self.leader else 0], np.int32))[0])
+
+    def _announce(self, engine, make) -> None:
+        """The leader sends `make(index of engine, its drafter's estimates)` to the followers."""
         self.running = True  # before the announcement: if it fails, the group is lost and `finish` must not wait
         if self.leader:
             if engine not in self.engines:
                 self.engines.append(engine)
-            estimates = engine.drafter.estimates() if engine.drafter else None
-            self.share(Generation(self.engines.index(engine), engine.status().drafter, policy, estimates,
-                                  list(prompt), params, max_tokens, list(stop), seed))
+            self.share(make(self.engines.index(engine), engine.drafter.estimates() if engine.drafter else None))
+
+    def begin(self, engine, prompt: list[int], params, max_tokens: int, stop: list[str], seed: int) -> None:
+        """Called by `Engine.stream` as a generation starts: the leader sends it to the followers."""
+        policy = engine.next_policy  # read once: a pin may land at any time
+        self._announce(engine, lambda index, estimates: Generation(
+            index, engine.status().drafter, policy, estimates, list(prompt), params, max_tokens, list(stop), seed))
         self.policy = policy
+
+    def begin_batch(self, engine, decoder, batch_size: int, draft_len: int | None) -> None:
+        """Called by `Engine` as a batch (`decoder`'s) starts, on every rank: the leader sends it to the followers,
+        whose decoder takes the leader's policies."""
+        self._announce(engine, lambda index, estimates: Batch(
+            index, engine.status().drafter, draft_len, (decoder.policy, decoder.alone), estimates, batch_size))
+        if not self.leader:
+            decoder.policy, decoder.alone = self.announced.policies
+
+    def in_step(self, take, stops):
+        """A batch's `take`, `stops` (keys -> whether each stops) and round agreement (`RoundLoop.agree`) that
+        every rank calls in the same order: each answers with the leader's, in one collective (two for a job
+        taken). A job runs as a copy whose draft length a pin changes between rounds only, on every rank at once
+        (the leader reads the caller's job as it shares its stops)."""
+        jobs = {}  # key -> (the job as the caller holds it, the copy the decoder runs)
+
+        def shared_take():
+            item = take() if self.leader else None
+            if not self._decide(item is not None):
+                return None
+            job = self.share(item[1] if self.leader else None)
+            key = item[0] if self.leader else len(jobs)
+            jobs[key] = (item[1] if self.leader else job, copy.copy(job))
+            return key, jobs[key][1]
+
+        def shared_stops(keys: list) -> list[bool]:
+            mine = np.zeros(len(keys), np.int32)
+            if self.leader:  # each: its stop, and its pin (0: none, else the length + 1) above it
+                pins = [jobs[key][0].draft_len for key in keys]
+                mine += np.array(stops(keys), np.int32) + 2 * np.array([0 if p is None else p + 1 for p in pins])
+            values = self._sum(mine).tolist()
+            for key, value in zip(keys, values):
+                jobs[key][1].draft_len = value // 2 - 1 if value // 2 else None
+            return [bool(value % 2) for value in values]
+
+        def agree(new_tokens: list[list[int]], seconds: float | None) -> float | None:
+            return self._check(np.concatenate([np.asarray(t, np.int64) for t in new_tokens]), seconds, False)[0][0]
+
+        return shared_take, shared_stops, agree
 
     def agree(self, engine, tokens: list[int], seconds: float, stop: bool) -> tuple[float, bool]:
         """Once a round, after `engine` accepted `tokens` in `seconds`: check that every rank accepted the same.
         Returns rank 0's round seconds (for the policy to learn) and stop request; rank 0's draft-length policy,
         if another thread pinned a new one meanwhile, becomes every rank's `policy` from the next round on."""
-        checksum = zlib.crc32(np.asarray(tokens, np.int64).tobytes()) & 0x7FFFFFFF
         pinned = engine.next_policy if self.leader else None  # read once: a pin may land at any time
-        mine = mx.array([checksum, min(int(seconds * 1e6), 2**31 - 1), int(stop),
-                         int(self.leader and pinned is not self.policy)], dtype=mx.int32)
+        (seconds, stop), repinned = self._check(np.asarray(tokens, np.int64), seconds, stop,
+                                                self.leader and pinned is not self.policy)
+        if repinned:  # rank 0 was pinned this round: its new policy, on every rank from the next round on
+            shared = self.share(pinned)
+            self.policy = pinned if self.leader else shared
+            if not self.leader:
+                engine.next_policy = shared
+        return seconds, stop
+
+    def _check(self, tokens: np.ndarray, seconds: float | None, stop: bool,
+               repinned: bool = False) -> tuple[tuple[float | None, bool], bool]:
+        """Every rank's checksum of the round's `tokens` against rank 0's (a SpecError where one differs);
+        returns rank 0's (round seconds, stop) and whether it was pinned."""
+        checksum = zlib.crc32(tokens.tobytes()) & 0x7FFFFFFF
+        micros = -1 if seconds is None else min(int(seconds * 1e6), 2**31 - 1)
+        mine = mx.array([checksum, micros, int(stop), int(repinned)], dtype=mx.int32)
         every = mx.distributed.all_gather(mine, group=self.group, stream=mx.cpu)
         mx.eval(every)
         every = np.array(every).reshape(self.size, 4)
@@ -207,15 +284,10 @@ class Lockstep:
             ranks = ", ".join(str(r) for r in np.flatnonzero(every[:, 0] != every[0, 0]))
             raise SpecError(f"rank {ranks} accepted other tokens than rank 0 this round: the ranks' forward passes "
                             "disagree (different hardware, MLX versions or checkpoint files?); every rank stops")
-        if every[0, 3]:  # rank 0 was pinned this round: its new policy, on every rank from the next round on
-            shared = self.share(pinned)
-            self.policy = pinned if self.leader else shared
-            if not self.leader:
-                engine.next_policy = shared
-        return every[0, 1] / 1e6, bool(every[0, 2])
+        return (None if every[0, 1] < 0 else every[0, 1] / 1e6, bool(every[0, 2])), bool(every[0, 3])
 
     def end(self) -> None:
-        """Called by `Engine.stream` as a generation ends, on every rank."""
+        """Called as a generation or batch ends, on every rank."""
         self.running = False
 
     def follow(self, engine) -> int:
@@ -225,9 +297,13 @@ class Lockstep:
             while len(engines) <= job.engine:
                 engines.append(engine.with_drafter(job.drafter))
             follower = engines[job.engine]
-            follower.next_policy = job.policy
             if job.estimates is not None:  # each rank's profile may hold others: every rank drafts the leader's way
                 follower.drafter.start_from(job.estimates)
+            if isinstance(job, Batch):
+                self.announced = job
+                follower.follow_batch(job.batch_size, job.draft_len)
+                continue
+            follower.next_policy = job.policy
             for _ in follower.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
                 pass
         self.done = True

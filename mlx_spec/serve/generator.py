@@ -187,10 +187,10 @@ class Generator:
                 try:
                     jobs[job.id] = job
                     prompt, chats[job.id] = engine.encode_chat(job.prompt, job.tools)
-                    engine.check_fits(len(prompt), job.max_tokens)
-                    prompts[job.id] = prompt
-                    job.row = BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed, None,
-                                       job.grammar, job.logprobs)
+                    row = BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed, None, job.grammar,
+                                   job.logprobs)
+                    engine.check_job(row)
+                    prompts[job.id], job.row = prompt, row
                     job.row.draft_len = job.draft_len  # read after `row` is set: a pin meanwhile is not lost
                     return job.id, job.row
                 except SpecError as e:
