@@ -24,6 +24,7 @@ from ..decode.engine import Engine
 from ..decode.rounds import Job as BatchJob
 from ..seams import memory
 from ..seams.errors import SpecError
+from .metrics import Metrics
 
 
 class APIError(Exception):
@@ -63,6 +64,8 @@ class Job:
     cancelled: bool = False  # the client went away
     stop_requested: bool = False  # the client asked to stop: it ends as "stopped", with its statistics
     row: BatchJob | None = None  # what the engine decodes, once it has taken it (its pin may change meanwhile)
+    arrived: float = field(default_factory=time.monotonic)
+    answered: bool = False  # its first token came
 
     def send(self, event) -> None:
         """From the generation thread: an engine event, or an APIError that ends the job."""
@@ -96,6 +99,8 @@ class Generator:
         self.deferred: deque = deque()  # taken from `jobs` while a batch ran, but not for that batch
         self.live: dict[str, Job] = {}  # id -> a job waiting or running
         self.closing = False
+        self.running: dict = {}  # the jobs decoding now, by key
+        self.metrics = Metrics(self)
         self.thread = threading.Thread(target=self.run, name="mlx-spec generation", daemon=True)
         self.thread.start()
 
@@ -160,7 +165,7 @@ class Generator:
         at most `batch_size`: `Engine.stream_many`). Calls that arrive meanwhile run between rounds; other jobs
         wait in `deferred`, and once one waits no more join. A drafter that fails to load says so when its job
         comes first (its own 400), not in the middle of a batch it would end for everyone."""
-        engine, jobs, waiting = self.engine_for(first.drafter), {}, [first]
+        engine, jobs, waiting = self.engine_for(first.drafter), self.running, [first]
         chats, prompts = {}, {}  # each job's chat as rendered (None: not a chat) and its prompt's tokens
 
         def take():
@@ -204,6 +209,7 @@ class Generator:
 
         try:
             for key, event in engine.stream_many(take, self.batch_size, should_stop):
+                self.metrics.observe(jobs[key], event)
                 if isinstance(event, Done) and jobs[key].native:
                     jobs[key].send(memory.report(engine))
                 if jobs[key].native or not isinstance(event, Round):
@@ -218,6 +224,8 @@ class Generator:
                 job.send(APIError(400, str(e)) if isinstance(e, SpecError) else
                          APIError(500, "internal error: see the server's log", kind="server_error"))
                 self.live.pop(job.id, None)
+        finally:
+            jobs.clear()
 
     def serves(self, job: Job, engine: Engine) -> bool:
         """Whether `job` runs on `engine` (False too where its drafter fails to load)."""

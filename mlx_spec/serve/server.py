@@ -1,7 +1,8 @@
 """`mlx-spec serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn) over one loaded engine.
 
 `POST /v1/chat/completions` and `/v1/completions` (streamed as server-sent events or not), Anthropic's
-`POST /v1/messages` (anthropic.py), `GET /v1/models`, `GET /health`. A chat's `tools` go through the model's chat
+`POST /v1/messages` (anthropic.py), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus' text format,
+metrics.py). A chat's `tools` go through the model's chat
 template and the calls in its answer come back as `tool_calls` (tool_calls.py; tool_use blocks on /v1/messages).
 Requests queue (bounded: 503 with Retry-After when full) and run on the generation thread (generator.py), which
 owns every MLX array: concurrent requests decode together in one batch (up to the batch size), the others one at
@@ -29,8 +30,9 @@ from dataclasses import asdict
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..core.events import Done, Text, Token, event_to_dict
@@ -41,8 +43,27 @@ from ..seams import memory
 from ..seams.errors import SpecError
 from . import anthropic
 from .generator import APIError, Generator, Job
+from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .request_fields import FINISH_REASONS, parse_draft_len, parse_job, usage
 from .tool_calls import split_calls, tool_calls_of
+
+
+class Counted:
+    """ASGI middleware: every HTTP response counted by its route and status (`Metrics.request`)."""
+
+    def __init__(self, app, server: Server):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counted(message):
+            if message["type"] == "http.response.start":  # the router has put the matched route in the scope
+                route = scope.get("route")
+                self.server.generator.metrics.request(getattr(route, "path", "other"), message["status"])
+            await send(message)
+        await self.app(scope, receive, counted)
 
 
 class Server:
@@ -58,9 +79,9 @@ class Server:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
             Route("/mlx-spec/v1/status", self.status), Route("/mlx-spec/v1/generate", self.generate, methods=["POST"]),
-            Route("/mlx-spec/v1/jobs/{id}", self.control, methods=["POST"]),
+            Route("/mlx-spec/v1/jobs/{id}", self.control, methods=["POST"]), Route("/metrics", self.metrics),
         ], exception_handlers={APIError: lambda request, e: e.response(), HTTPException: self.http_error,
-                               Exception: self.internal_error})
+                               Exception: self.internal_error}, middleware=[Middleware(Counted, self)])
 
     async def http_error(self, request, e: HTTPException):
         return APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=None).response()
@@ -74,6 +95,11 @@ class Server:
                              and request.headers.get("x-api-key") != self.api_key):
             raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')",
                            code="invalid_api_key")
+
+    async def metrics(self, request: Request):
+        """Prometheus' text format (metrics.py)."""
+        self.authorize(request)
+        return Response(self.generator.metrics.exposition(), media_type=METRICS_TYPE)
 
     async def health(self, request: Request):
         return JSONResponse({"status": "ok", "model": self.model_id, "waiting": self.generator.jobs.qsize(),
