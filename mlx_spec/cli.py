@@ -143,10 +143,12 @@ def generate(args) -> int:
     except (AttributeError, OSError):  # no stdin at all (`<&-`: sys.stdin is None), or one that cannot be read
         raise SpecError("--prompt - reads the prompt from stdin, which is closed here: pipe the prompt in or give "
                         "it as --prompt TEXT") from None
+    prediction = read_text("--prediction", args.prediction) if args.prediction else None
     engine = load_engine(args)
     ids = render_prompt(engine.tokenizer, prompt, raw=args.raw)
     grammar = output_grammar(args, engine.tokenizer)
-    for event in engine.stream(ids, params, args.max_tokens, args.stop, args.seed, grammar=grammar):
+    for event in engine.stream(ids, params, args.max_tokens, args.stop, args.seed, grammar=grammar,
+                               prediction=prediction):
         if isinstance(event, (Token, Text)) and not args.json:
             print(event.text, end="", flush=True)
         elif isinstance(event, Done):
@@ -159,6 +161,14 @@ def generate(args) -> int:
     return 0
 
 
+def read_text(flag: str, path: str) -> str:
+    try:
+        return Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{flag} {path}: cannot read it ({getattr(e, 'strerror', None) or e}): give a readable "
+                        "UTF-8 file") from None
+
+
 def output_grammar(args, tokenizer):
     """The grammar --json-schema, --regex or --lark asks for (None: none)."""
     from .core.grammar import Grammar
@@ -168,11 +178,7 @@ def output_grammar(args, tokenizer):
     for flag, path in (("--json-schema", args.json_schema), ("--lark", args.lark)):
         if path is None:
             continue
-        try:
-            text = Path(path).expanduser().read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise SpecError(f"{flag} {path}: cannot read it ({getattr(e, 'strerror', None) or e}): give a readable "
-                            "UTF-8 file") from None
+        text = read_text(flag, path)
         if flag == "--lark":
             return Grammar(tokenizer, "lark", text)
         try:

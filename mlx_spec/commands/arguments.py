@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and statistics")
+    gen.add_argument("--prediction", metavar="FILE", help="the output expected, or most of it (a file to re-emit "
+                                                         "with an edit): drafted from while the output follows it")
     shape = gen.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", metavar="FILE", help="the output must be JSON matching the schema in FILE "
                                                             "(verified exactly under speculation)")

@@ -28,6 +28,7 @@ class Stats:
     active_memory: int = 0
     drafter_report: str = ""  # figures of the drafter's own (lookahead: its n-gram pool)
     batch_size: int = 1  # the most sequences decoded together with this one (batched decoding)
+    prediction: tuple[int, int] | None = None  # a predicted output's tokens accepted as drafts, and the rest
 
     def record_round(self, verdict) -> None:
         """Count a finished round (an engine `Round`)."""
@@ -75,7 +76,7 @@ class Stats:
         names = ["drafter", "policy", "policy_reasons", "prompt_tokens", "reused_prompt_tokens", "generated_tokens", "rounds",
                  "drafted", "accepted", "nodes", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
                  "prefill_tps", "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory",
-                 "drafter_report", "batch_size"]
+                 "drafter_report", "batch_size", "prediction"]
         return {name: getattr(self, name) for name in names}
 
     def summary(self) -> str:

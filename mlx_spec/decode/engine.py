@@ -158,6 +158,15 @@ class Engine:
         """Token ids: a text as it is (no chat template), ids unchanged, a chat through the chat template."""
         return self.encode_chat(prompt)[0]
 
+    def encode_prediction(self, prediction: str | list[int] | None) -> list[int] | None:
+        """A predicted output's token ids: a text tokenized as output continues (no special tokens); None, or
+        an empty one: none."""
+        if isinstance(prediction, str):
+            return self.tokenizer.encode(prediction, add_special_tokens=False) or None
+        if prediction is not None and not all(isinstance(t, int) and not isinstance(t, bool) for t in prediction):
+            raise SpecError("a prediction must be a text or a list of token ids")
+        return list(prediction) if prediction else None
+
     def encode_chat(self, prompt: str | list[int] | list[dict],
                     tools: list[dict] | None = None) -> tuple[list[int], str | None]:
         """(token ids, the rendered chat or None); a chat is rendered with the `tools` it may call. A chat that
@@ -179,12 +188,14 @@ class Engine:
     def stream(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                max_tokens: int = 256, stop: list[str] = (), seed: int = 0,
                should_stop: Callable[[], bool] = lambda: False, tools: list[dict] | None = None,
-               grammar: Grammar | None = None, logprobs: int | None = None) -> Iterator[Token | Text | Round | Done]:
+               grammar: Grammar | None = None, logprobs: int | None = None,
+               prediction: str | list[int] | None = None) -> Iterator[Token | Text | Round | Done]:
         """The generation's events, ending with Done. `should_stop()` is asked between prefill chunks and after
         each round: true ends it there ("stopped"), as `stop` does. `tools`: what a chat may call (the chat
         template shows them to the model); `grammar`: what the output must match (grammar.py), verified
         exactly under speculation; `logprobs` (a number of likeliest tokens, 0 for none): each Token carries its
-        log-probability under the target's raw logits, and theirs."""
+        log-probability under the target's raw logits, and theirs; `prediction`: the output expected, or most of
+        it (a text or token ids: Predicted Outputs, core/prediction.py), drafted from while the output follows it."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise SpecError(f"max_tokens must be >= 1 (a whole number), got {max_tokens!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
@@ -193,7 +204,8 @@ class Engine:
             raise SpecError(f"stop strings must be non-empty text, got {list(stop)!r}")
         context, chat = self.encode_chat(prompt, tools)
         yield from self.decode(Job(context, params, max_tokens, tuple(stop), seed, grammar=grammar,
-                                   logprobs=logprobs), should_stop, chat)
+                                   logprobs=logprobs, prediction=self.encode_prediction(prediction)),
+                               should_stop, chat)
 
     def decode(self, job: Job, should_stop: Callable[[], bool] = lambda: False,
                chat: str | None = None) -> Iterator[Token | Text | Round | Done]:
@@ -203,7 +215,7 @@ class Engine:
         self.check_job(job)
         if self.lockstep:  # the other ranks run this generation too, by the engine's pin (`one_at_a_time` set it
             job = replace(job, draft_len=None)  # from the job's), which they agree on
-            self.lockstep.begin(self, context, job.params, job.max_tokens, list(job.stop), job.seed)
+            self.lockstep.begin(self, context, job.params, job.max_tokens, list(job.stop), job.seed, job.prediction)
         self.stop_requested = False
         self.policy = self.policy_now()
         self.policy.begin(len(context))  # round costs depend on the context's depth
@@ -306,9 +318,10 @@ class Engine:
 
     def generate(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                  max_tokens: int = 256, stop: list[str] = (), seed: int = 0, tools: list[dict] | None = None,
-                 grammar: Grammar | None = None, logprobs: int | None = None) -> Result:
+                 grammar: Grammar | None = None, logprobs: int | None = None,
+                 prediction: str | list[int] | None = None) -> Result:
         return collect(self.stream(prompt, params, max_tokens, stop, seed, tools=tools, grammar=grammar,
-                                   logprobs=logprobs))
+                                   logprobs=logprobs, prediction=prediction))
 
     def batch_problem(self) -> str | None:
         """Why `generate_many` can only decode one sequence at a time here (None: it batches)."""

@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from ..core.draft import Draft
 from ..core.events import Done, Round, Text, emit
+from ..core.prediction import Prediction
 from ..core.sampling import SamplingParams, token_logprobs
 from ..core.stats import Stats
 from ..core.text_stream import TextStream
@@ -42,6 +43,7 @@ class Job:
     draft_len: int | None = None  # this row's own pinned draft length (0: none); None: the batch's policy
     grammar: object = None  # grammar.Grammar: what this row's output must match (None: anything)
     logprobs: int | None = None  # each Token's log-probability and this many likeliest tokens' (None: none)
+    prediction: list[int] | None = None  # its predicted output (Predicted Outputs), which it drafts from
 
 
 class Row:
@@ -56,6 +58,7 @@ class Row:
         self.random = self.seed  # what its drafts' keys are split off
         self.stats = Stats(drafter=drafter_name, prompt_tokens=len(job.prompt))
         self.stop_reason: str | None = None
+        self.prediction = Prediction(job.prediction, len(job.prompt)) if job.prediction else None
         self.prefill = None  # a batch row's prompt's cache (a RaggedBatch) while it is prefilled, before it joins
         self.prefilled = False  # whether `prefill` holds the whole prompt
         self.ready = True  # whether its drafter works on its prompt (else it starts on what the row decodes)
@@ -70,6 +73,8 @@ class Row:
         self.stats.decode_seconds = time.perf_counter() - self.started - self.stats.prefill_seconds
         self.stats.generated_tokens = len(self.generated)
         self.stats.record_memory()
+        if self.prediction:
+            self.stats.prediction = (self.prediction.accepted, self.prediction.rejected)
         if self.policy is not None:
             self.stats.policy_reasons = self.policy.explain()[1:]
         return [Text(tail)] * bool(tail) + [Done(self.stop_reason, self.text.text, self.generated, self.stats)]
@@ -95,13 +100,14 @@ class Plan:
     step: tuple[mx.array, mx.array | None] | None = None
     policy: DraftPolicy | None = None  # the policy that planned it, which learns from it
     alone: bool = False  # planned by the single-sequence policy (one row)
+    predicted: list[bool] | None = None  # per row: its length is its prediction's (None: no row's is)
 
     def select(self, rows: list[int]) -> "Plan":
         """The plan of the rows at `rows` (indices), those that stay."""
         index = mx.array(rows, dtype=mx.int32)
         step = self.step and (self.step[0][index], None if self.step[1] is None else self.step[1][index])
         return Plan(*([part[i] for i in rows] for part in (self.lengths, self.draft_keys, self.verify_keys)), step,
-                    self.policy, self.alone)
+                    self.policy, self.alone, self.predicted and [self.predicted[i] for i in rows])
 
 
 class RoundLoop:
@@ -147,9 +153,12 @@ class RoundLoop:
             policy.resize(len(rows))
             longest = policy.next_draft_len(max(remaining), self.drafters.outlook if self.drafters else None)
             lengths = [longest if row.job.draft_len is None else row.job.draft_len for row in rows]
+        planned = [row.prediction.planned(row.context) if row.prediction else 0 for row in rows]
+        lengths = [own or k for own, k in zip(planned, lengths)]  # a row on its prediction drafts from it
         if self.drafters and self.tree_width > 1:  # a lone row's trees are as wide as its policy says
             self.drafters.set_width(policy.width if alone and rows[0].job.draft_len is None else self.tree_width)
-        plan = Plan([], [], [], policy=policy, alone=alone)
+        plan = Plan([], [], [], policy=policy, alone=alone, predicted=[own > 0 for own in planned] if any(planned)
+                    else None)
         for row, left, wanted in zip(rows, remaining, lengths):
             row.random, draft_key = mx.random.split(row.random)
             plan.lengths.append(max(0, min(wanted, left - 1)))
@@ -221,16 +230,19 @@ class RoundLoop:
         return self.keep(rows, plan, drafts, logits, hidden, verdicts, start)
 
     def propose(self, rows: list, plan: Plan) -> list[Draft]:
-        """Every row's draft for `plan`: its drafter's, cut where the drafter is unsure (a lone row's chain, by
-        its policy) and where its grammar rejects a one-hot draft anyway."""
-        if not self.drafters:
-            return [Draft.empty() for _ in rows]
-        self.drafters.constrain([row.job.grammar for row in rows])  # chains that follow the grammar
-        drafts = self.drafters.propose([row.context for row in rows], plan.lengths, [row.job.params for row in rows],
-                                       plan.draft_keys)
+        """Every row's draft for `plan`: its prediction's, or its drafter's, cut where the drafter is unsure (a
+        lone row's chain, by its policy); then cut where its grammar rejects a one-hot draft anyway."""
+        predicted = plan.predicted or [False] * len(rows)
+        drafts = [Draft.empty() for _ in rows]
+        if self.drafters:
+            self.drafters.constrain([row.job.grammar for row in rows])  # chains that follow the grammar
+            drafts = self.drafters.propose([row.context for row in rows], [0 if own else k for k, own in zip(
+                plan.lengths, predicted)], [row.job.params for row in rows], plan.draft_keys)
         if plan.policy.cuts:  # a chain shortened by the drafter's own estimates
             drafts = [d if d.confidence is None or row.job.draft_len is not None else
                       d.first(plan.policy.cut(d.confidence.tolist())) for row, d in zip(rows, drafts)]
+        drafts = [Draft(mx.array(row.prediction.draft(row.context, k), dtype=mx.int32)) if own else d
+                  for row, d, k, own in zip(rows, drafts, plan.lengths, predicted)]
         return [d.first(row.job.grammar.valid_prefix(d.tokens.tolist()))
                 if row.job.grammar and d.q is None and d.parents is None else d
                 for row, d in zip(rows, drafts)]  # one-hot drafts a grammar rejects can only be rejected
@@ -240,10 +252,12 @@ class RoundLoop:
         """What each row keeps of its verified chain ((accepted, next), evaluated) or tree (its draws, evaluated):
         the runner's cache and the drafters keep it, the rows emit it."""
         rounds, new_tokens, kept = [], [], []
-        for d, verdict in zip(drafts, verdicts):
+        for row, d, verdict, own in zip(rows, drafts, verdicts, plan.predicted or [False] * len(rows)):
             n = d.tokens.shape[0]
             if d.parents is None:
                 accepted = verdict[0].item()
+                if own and n:
+                    row.prediction.verdict(n, accepted)
                 rounds.append(Round(n, accepted, n))
                 new_tokens.append(d.tokens[:accepted].tolist() + [verdict[1].item()])
                 kept.append(accepted + 1)
@@ -277,6 +291,8 @@ class RoundLoop:
         each row's verdict, in `seconds` (None: the round's time is not its own), its tokens `new_tokens`."""
         if self.agree:
             seconds = self.agree(new_tokens, seconds)
+        if plan.predicted:  # drafts from predictions say nothing of the drafter's
+            return
         if not plan.alone:
             self.lone = None
             if seconds is not None:

@@ -153,6 +153,7 @@ class Generation:
     max_tokens: int
     stop: list[str]
     seed: int
+    prediction: list[int] | None
 
 
 @dataclass
@@ -210,11 +211,13 @@ class Lockstep:
                 self.engines.append(engine)
             self.share(make(self.engines.index(engine), engine.drafter.estimates() if engine.drafter else None))
 
-    def begin(self, engine, prompt: list[int], params, max_tokens: int, stop: list[str], seed: int) -> None:
+    def begin(self, engine, prompt: list[int], params, max_tokens: int, stop: list[str], seed: int,
+              prediction: list[int] | None) -> None:
         """Called by `Engine.stream` as a generation starts: the leader sends it to the followers."""
         policy = engine.next_policy  # read once: a pin may land at any time
         self._announce(engine, lambda index, estimates: Generation(
-            index, engine.status().drafter, policy, estimates, list(prompt), params, max_tokens, list(stop), seed))
+            index, engine.status().drafter, policy, estimates, list(prompt), params, max_tokens, list(stop), seed,
+            prediction))
         self.policy = policy
 
     def begin_batch(self, engine, decoder, batch_size: int, draft_len: int | None) -> None:
@@ -304,7 +307,8 @@ class Lockstep:
                 follower.follow_batch(job.batch_size, job.draft_len)
                 continue
             follower.next_policy = job.policy
-            for _ in follower.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed):
+            for _ in follower.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed,
+                                     prediction=job.prediction):
                 pass
         self.done = True
         return 0

@@ -54,7 +54,7 @@ def openai_body(body: dict) -> dict:
     for message in given:
         messages += chat_messages(message)
     out = {"messages": messages, "max_tokens": max_tokens, "stop": body.get("stop_sequences"),
-           **{k: body[k] for k in ("model", *SAMPLING) if k in body}}
+           **{k: body[k] for k in ("model", "prediction", *SAMPLING) if k in body}}  # prediction: an extension
     if body.get("tools") is not None:
         tools = body["tools"]
         if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
@@ -123,7 +123,8 @@ def stop_of(done: Done, calls: list, tokenizer, stops: list[str]) -> tuple[str, 
 def usage(done: Done, openai_usage: dict) -> dict:
     return {"input_tokens": done.stats.prompt_tokens, "output_tokens": done.stats.generated_tokens,
             "cache_read_input_tokens": done.stats.reused_prompt_tokens,
-            **{k: v for k, v in openai_usage.items() if not k.startswith(("prompt_tokens", "completion", "total"))}}
+            **{k: v for k, v in openai_usage.items() if not k.startswith(("prompt_tokens", "completion", "total"))},
+            **openai_usage.get("completion_tokens_details", {})}  # a prediction's accepted / rejected tokens
 
 
 def message(done: Done, content: str, calls: list[dict], model: str, stop: tuple, openai_usage: dict) -> dict:

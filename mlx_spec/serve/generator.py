@@ -58,6 +58,7 @@ class Job:
     prompt_tokens: int = 0  # as the request's prompt was rendered when it came (before any prefill)
     grammar: object = None  # grammar.Grammar: what the output must match
     logprobs: int | None = None  # report log-probabilities, and this many likeliest tokens
+    prediction: str | None = None  # the output predicted (Predicted Outputs), drafted from
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     loop: asyncio.AbstractEventLoop = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -193,7 +194,7 @@ class Generator:
                     jobs[job.id] = job
                     prompt, chats[job.id] = engine.encode_chat(job.prompt, job.tools)
                     row = BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed, None, job.grammar,
-                                   job.logprobs)
+                                   job.logprobs, engine.encode_prediction(job.prediction))
                     engine.check_job(row)
                     prompts[job.id], job.row = prompt, row
                     job.row.draft_len = job.draft_len  # read after `row` is set: a pin meanwhile is not lost

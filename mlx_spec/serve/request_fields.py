@@ -103,7 +103,23 @@ def parse_job(body: dict, chat: bool, server, native: bool = False) -> Job:
         raise APIError(400, "send either a 'tool_choice' that forces a call or a 'response_format', not both",
                        "tool_choice")
     return Job(prompt, params, max_tokens, stop, seed, drafter, draft_len, time.monotonic() + server.timeout, native,
-               tools, len(ids), grammar or forced, logprobs)
+               tools, len(ids), grammar or forced, logprobs, parse_prediction(body))
+
+
+def parse_prediction(body: dict) -> str | None:
+    """OpenAI's Predicted Outputs: `prediction` {"type": "content", "content": a text or a list of text parts}
+    -> the predicted text (None: none)."""
+    given = body.get("prediction")
+    if given is None:
+        return None
+    content = given.get("content") if isinstance(given, dict) and given.get("type") == "content" else None
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        content = "".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise APIError(400, "'prediction' must be {\"type\": \"content\", \"content\": a text or a list of "
+                            "{\"type\": \"text\", \"text\"} parts}", "prediction")
+    return content or None
 
 
 def parse_logprobs(body: dict, chat: bool) -> int | None:
@@ -175,4 +191,6 @@ def usage(done: Done) -> dict:
             "prompt_tokens_details": {"cached_tokens": s.reused_prompt_tokens}, "drafter": s.drafter,
             "draft_n": s.drafted, "draft_n_accepted": s.accepted, "acceptance_rate": s.acceptance_rate,
             "mean_acceptance_length": s.mean_acceptance_length, "decode_tps": s.decode_tps,
-            "batch_size": s.batch_size}
+            "batch_size": s.batch_size,
+            **({"completion_tokens_details": {"accepted_prediction_tokens": s.prediction[0],
+                                              "rejected_prediction_tokens": s.prediction[1]}} if s.prediction else {})}
