@@ -3,9 +3,9 @@ fresh copy of the working tree, and run the few tests that should catch it (pyte
 the run). Every mutant must make them fail. They cover verification (dense-q and greedy chains, sampled trees),
 sampling and penalties, rollback (sliding windows, trees, quantized KV, Gated DeltaNet states), the draft model's
 cache alone and in a batch, the drafting helpers, n-gram, suffix and lookahead drafting, MTP layers, Medusa, EAGLE-3
-and Gemma 4 drafters, block drafters and their training, ragged batches (per-row keys, rows joining), the prompt
-cache (drafter state taken back), the draft-length policy's off state, request parsing, convert and constrained
-output.
+and Gemma 4 drafters, block drafters (alone, in a batch) and their training, ragged batches (per-row keys, rows
+joining), the prompt cache (drafter state taken back), the draft-length policy's off state, request parsing,
+convert, constrained output, predicted outputs and distributed batches.
 
     python scripts/mutants.py              # all of them, two at a time (--jobs)
     python scripts/mutants.py --only 3,7   # some; --list shows them; --verbose how their tests ended
@@ -225,6 +225,20 @@ MUTANTS = [
            "    return row.job.grammar.masked_tree(logits, draft.prefixes())",
            "    return row.job.grammar.masked(logits, draft.tokens.tolist())",
            ("tests/test_grammar.py::test_constrained_rows_of_a_batch_equal_plain_constrained_decoding[draft-model tree]",)),
+    Mutant("a batch's block queries see the padding of longer rows' blocks", "mlx_spec/models/dflash.py",
+           "mx.arange(n)[None] < lengths[:, None]], axis=1)", "mx.arange(n)[None] < lengths[:, None] + n], axis=1)",
+           ("tests/test_block_rows.py::test_every_rows_block_drafts_in_one_forward_what_the_reference_drafts_for_it",)),
+    Mutant("a batch's block rows see the holes of their context", "mlx_spec/drafters/dflash.py",
+           "positions = np.array([[start + j if j < count else -1 for j in range(longest)]",
+           "positions = np.array([[start + j for j in range(longest)]",
+           ("tests/test_block_rows.py::test_every_rows_block_drafts_in_one_forward_what_the_reference_drafts_for_it",)),
+    Mutant("a prediction followed two tokens a step", "mlx_spec/core/prediction.py",
+           "                self.at += 1\n", "                self.at += 2\n",
+           ("tests/test_prediction.py::test_greedy_output_with_a_prediction_is_plain_decoding",)),
+    Mutant("a pin shared with a batch's other ranks is dropped", "mlx_spec/seams/distributed.py",
+           "jobs[key][1].draft_len = value // 2 - 1 if value // 2 else None",
+           "jobs[key][1].draft_len = None",
+           ("tests/test_distributed.py::test_a_batchs_pins_stops_and_joins_reach_every_rank",)),
 ]
 
 
