@@ -72,6 +72,22 @@ def test_generate_drafts_from_a_prediction_file(tiny, tmp_path):
                                   str(tmp_path / "missing.txt")), "--prediction", "cannot read it")
 
 
+def test_batch_lines_draft_from_their_predictions(tiny, tmp_path):
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="off")
+    ids = engine.encode(PROMPT)
+    expected = plain_greedy(tiny["qwen3"], ids, 40)
+    lines = [{"id": 0, "prompt": PROMPT, "raw": True, "max_tokens": 40,
+              "prediction": engine.tokenizer.decode(edited(expected, 20))},
+             {"id": 1, "prompt": PROMPT, "raw": True, "max_tokens": 40}, {"id": 2, "prompt": "x", "prediction": 7}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    proc = run_cli("batch", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--model",
+                   str(tiny["qwen3"]), "--drafter", "off", "--batch-size", "2", "--quiet")
+    results = {r["id"]: r for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert sorted(results) == [0, 1] and '"prediction" must be text' in proc.stderr, proc.stderr
+    assert results[0]["text"] == results[1]["text"] == engine.tokenizer.decode(expected)
+    assert results[0]["stats"]["prediction"][0] > 0 and results[1]["stats"]["prediction"] is None
+
+
 @pytest.fixture
 def server(tiny):
     proc, url = start_server(tiny, drafter=("--drafter", "off"), model=tiny["qwen3"])

@@ -27,7 +27,7 @@ from ..seams.errors import SpecError
 from ..seams.files import check_writable, read_lines
 
 SAMPLING_FIELDS = {f.name for f in fields(SamplingParams)}
-KNOWN_FIELDS = SAMPLING_FIELDS | {"id", "prompt", "messages", "raw", "max_tokens", "stop", "seed"}
+KNOWN_FIELDS = SAMPLING_FIELDS | {"id", "prompt", "messages", "raw", "max_tokens", "stop", "seed", "prediction"}
 
 
 @dataclass
@@ -42,6 +42,7 @@ class Request:
     draft_len: int | None = None  # the engine's: its pin or the batch's policy
     grammar: None = None  # batch files constrain nothing (yet)
     logprobs: None = None  # nor report log-probabilities
+    prediction: list[int] | None = None  # its predicted output's tokens (Predicted Outputs)
 
 
 def whole_number(item: dict, key: str, default: int, least: int) -> int:
@@ -75,6 +76,8 @@ def parse_request(line: str, number: int, engine: Engine, default_max_tokens: in
         raise SpecError("\"stop\" must be a list of strings")
     if not isinstance(item.get("raw", False), bool):
         raise SpecError("\"raw\" must be true or false")
+    if not isinstance(item.get("prediction", ""), str):
+        raise SpecError(f"\"prediction\" must be text, got {type(item['prediction']).__name__}")
     sampling = {k: v for k, v in item.items() if k in SAMPLING_FIELDS}
     if bad := [k for k, v in sampling.items() if isinstance(v, bool) or not isinstance(v, (int, float))]:
         raise SpecError(f"{', '.join(bad)} must be numbers")
@@ -87,7 +90,8 @@ def parse_request(line: str, number: int, engine: Engine, default_max_tokens: in
     prompt = render_prompt(engine.tokenizer, item.get("prompt", item.get("messages")), raw=item.get("raw", False))
     max_tokens = whole_number(item, "max_tokens", default_max_tokens, 1)
     engine.check_fits(len(prompt), max_tokens)
-    return Request(item["id"], number, prompt, params, max_tokens, stop, seed)
+    return Request(item["id"], number, prompt, params, max_tokens, stop, seed,
+                   prediction=engine.encode_prediction(item.get("prediction")))
 
 
 def check_paths(input_path: str | Path, output_path: str | Path) -> None:

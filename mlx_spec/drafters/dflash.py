@@ -278,8 +278,8 @@ class BlockRows(BatchDrafter):
         """Row `row`'s context as `BlockDrafter.hold` gives it."""
         layers, positions = self.context.row(row)
         caches = self.drafter.model.make_cache()
-        return snapshot_of(caches, [list(layer) for layer in layers], len(positions)), list(self.pending[row]), \
-            self.starts[row]
+        return (snapshot_of(caches, [list(layer) for layer in layers], len(positions)), list(self.pending[row]),
+                self.starts[row])
 
     def set_width(self, width: int) -> None:
         self.width = width
