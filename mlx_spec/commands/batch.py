@@ -23,6 +23,7 @@ from typing import Iterator
 from ..core.prompts import render_prompt
 from ..core.sampling import MAX_SEED, SamplingParams
 from ..decode.engine import Engine
+from ..decode.rounds import Job
 from ..seams.errors import SpecError
 from ..seams.files import check_writable, read_lines
 
@@ -34,15 +35,7 @@ KNOWN_FIELDS = SAMPLING_FIELDS | {"id", "prompt", "messages", "raw", "max_tokens
 class Request:
     id: str | int  # as the input line gives it
     line: int
-    prompt: list[int]
-    params: SamplingParams
-    max_tokens: int
-    stop: list[str]
-    seed: int
-    draft_len: int | None = None  # the engine's: its pin or the batch's policy
-    grammar: None = None  # batch files constrain nothing (yet)
-    logprobs: None = None  # nor report log-probabilities
-    prediction: list[int] | None = None  # its predicted output's tokens (Predicted Outputs)
+    job: Job  # what the engine decodes (its draft length the engine's: its pin or the batch's policy)
 
 
 def whole_number(item: dict, key: str, default: int, least: int) -> int:
@@ -90,8 +83,8 @@ def parse_request(line: str, number: int, engine: Engine, default_max_tokens: in
     prompt = render_prompt(engine.tokenizer, item.get("prompt", item.get("messages")), raw=item.get("raw", False))
     max_tokens = whole_number(item, "max_tokens", default_max_tokens, 1)
     engine.check_fits(len(prompt), max_tokens)
-    return Request(item["id"], number, prompt, params, max_tokens, stop, seed,
-                   prediction=engine.encode_prediction(item.get("prediction")))
+    return Request(item["id"], number, Job(prompt, params, max_tokens, tuple(stop), seed,
+                                           prediction=engine.encode_prediction(item.get("prediction"))))
 
 
 def check_paths(input_path: str | Path, output_path: str | Path) -> None:
@@ -166,7 +159,7 @@ def run(engine: Engine, input_path: str | Path, output_path: str | Path, max_tok
     problem = engine.batch_problem()
     if batch_size is None:
         batch_size = 1 if problem or not todo else min(len(todo), engine.largest_batch(
-            max(len(r.prompt) + r.max_tokens for r in todo)))
+            max(len(r.job.prompt) + r.job.max_tokens for r in todo)))
         if problem and len(todo) > 1 and notice:
             notice(f"one request at a time: {problem}")
     elif batch_size > 1 and problem:
@@ -178,7 +171,7 @@ def run(engine: Engine, input_path: str | Path, output_path: str | Path, max_tok
         bar = tqdm(total=len(todo), unit="item", desc=f"batch of {batch_size}", dynamic_ncols=True)
     start, tokens = time.perf_counter(), 0
     with open(output, "ab") as out:
-        for index, result in engine.generate_many(todo, batch_size):
+        for index, result in engine.generate_many([request.job for request in todo], batch_size):
             request = todo[index]
             record = {"id": request.id, "text": result.text, "stop_reason": result.stop_reason,
                       "stats": result.stats.to_dict()}
