@@ -46,10 +46,7 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=3)
     parser.add_argument("--reps", type=int, default=1)
     args = parser.parse_args()
-    path = real_models.mlx_dir(args.model)
-    if not path.exists():
-        print(f"fetch the model first: python scripts/real_models.py {args.model}")
-        return 2
+    [path] = real_models.converted("bench_prediction.py", args.model)
     plain = mlx_spec.load(str(path), drafter="off")
     ngram = plain.with_drafter("ngram")
     print(f"python scripts/bench_prediction.py --model {args.model} --files {args.files} --reps {args.reps}")

@@ -45,10 +45,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--layers", type=int, default=5)
     args = parser.parse_args()
-    path = real_models.mlx_dir(args.model)
-    if not path.exists():
-        print(f"fetch the model first: python scripts/real_models.py {args.model}")
-        return 2
+    [path] = real_models.converted("block_batch.py", args.model)
     sizes = [int(size) for size in args.sizes.split(",")]
     engine = mlx_spec.load(str(path), drafter="off")
     config = read_config(drafter_config(json.loads((path / "config.json").read_text()), args.layers,

@@ -57,6 +57,7 @@ def test_sampled_output_with_a_prediction_is_plain_samplings_own_draws(tiny):
     expected = plain_sampled(tiny["qwen3"], ids, 60, 0.7, seed=3)
     result = engine.generate(ids, SamplingParams(temperature=0.7), max_tokens=60, seed=3, prediction=edited(expected))
     assert len(expected) == 60 and result.tokens == expected and result.stats.prediction[0] > 30
+    assert result.stats.accepted < result.stats.drafted  # and rejected at the edit
 
 
 def test_generate_drafts_from_a_prediction_file(tiny, tmp_path):
@@ -117,3 +118,9 @@ def test_the_server_drafts_from_predictions_on_both_apis(server, tiny):
     bad = client(url).with_options(max_retries=0)
     with pytest.raises(Exception, match="prediction"):
         bad.chat.completions.create(model=model, messages=messages, max_tokens=4, prediction={"type": "text"})
+
+
+def test_a_prediction_of_ids_outside_the_vocabulary_is_refused(tiny):
+    engine = mlx_spec.load(str(tiny["qwen3"]), drafter="off")
+    with pytest.raises(mlx_spec.SpecError, match="token ids from 0 to"):
+        engine.generate("hi", max_tokens=4, prediction=[10**7])

@@ -163,8 +163,10 @@ class Engine:
         an empty one: none."""
         if isinstance(prediction, str):
             return self.tokenizer.encode(prediction, add_special_tokens=False) or None
-        if prediction is not None and not all(isinstance(t, int) and not isinstance(t, bool) for t in prediction):
-            raise SpecError("a prediction must be a text or a list of token ids")
+        vocab = len(self.tokenizer.get_vocab()) if prediction else 0
+        if prediction and not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                  for t in prediction):
+            raise SpecError(f"a prediction must be a text or a list of token ids from 0 to {vocab - 1}")
         return list(prediction) if prediction else None
 
     def encode_chat(self, prompt: str | list[int] | list[dict],

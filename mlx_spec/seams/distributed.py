@@ -24,7 +24,6 @@ break itself and exits with status 2.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import pickle
@@ -241,7 +240,7 @@ class Lockstep:
                 return None
             job = self.share(item[1] if self.leader else None)
             key = item[0] if self.leader else len(jobs)
-            jobs[key] = (item[1] if self.leader else job, copy.copy(job))
+            jobs[key] = (item[1] if self.leader else job, job)  # `job` is a copy on every rank (unpickled)
             return key, jobs[key][1]
 
         def shared_stops(keys: list) -> list[bool]:
