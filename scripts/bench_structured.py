@@ -6,7 +6,8 @@
 Eight requests an agent might send: describe something as JSON, the schema in the prompt and in the grammar
 (`mlx_spec.Grammar`, as `response_format` builds it). Plain decoding (drafting off) and each drafter (the draft
 model, n-gram; adaptive draft length) answer each under its grammar, interleaved in one process after an untimed
-warm-up. Prints decode tok/s per contender, the ratio to plain, acceptance, whether every output equals plain
+warm-up. Prints decode tok/s per contender, the ratio to plain, acceptance (the text the grammar forces
+included), how many drafts of that text were accepted, whether every output equals plain
 constrained decoding token for token and is valid JSON, and whether the machine was quiet. Float32 weights from
 `scripts/real_models.py`. Every run's own tok/s goes out as a raw-timings line (scripts/timings.py), which
 scripts/record.py keeps apart.
@@ -76,6 +77,7 @@ def main() -> int:
           f"{len(requests)} JSON-schema requests x up to {args.tokens} tokens x {args.reps} reps, greedy")
     tps = {name: [] for name in contenders}
     drafted, accepted = dict.fromkeys(contenders, 0), dict.fromkeys(contenders, 0)
+    forced = {name: [0, 0] for name in contenders}  # drafts of the text the grammar forced, and those accepted
     identical, valid = True, True
     with Neighbours() as neighbours:
         for rep in range(args.reps + 1):  # the first pass, over the first request only, is untimed
@@ -91,6 +93,8 @@ def main() -> int:
                         tps[name].append(result.stats.decode_tps)
                         drafted[name] += result.stats.drafted
                         accepted[name] += result.stats.accepted
+                        for i, count in enumerate(result.stats.forced or (0, 0)):
+                            forced[name][i] += count
                     if name == "plain" and result.stop_reason == "eos":
                         try:
                             json.loads(result.text)
@@ -99,12 +103,13 @@ def main() -> int:
                 identical &= all(tokens == outputs["plain"] for tokens in outputs.values())
     reliable, note = neighbours.verdict()
     plain = statistics.median(tps["plain"])
-    print("| contender | decode tok/s (median) | vs plain | acceptance |")
-    print("|---|---|---|---|")
+    print("| contender | decode tok/s (median) | vs plain | acceptance | forced drafts accepted |")
+    print("|---|---|---|---|---|")
     for name in contenders:
         rate = statistics.median(tps[name])
         share = f"{accepted[name] / drafted[name]:.0%}" if drafted[name] else "-"
-        print(f"| {name} | {rate:.1f} | {rate / plain:.2f}x | {share} |")
+        taken = f"{forced[name][1]}/{forced[name][0]}" if forced[name][0] else "-"
+        print(f"| {name} | {rate:.1f} | {rate / plain:.2f}x | {share} | {taken} |")
     print(f"every output equal to plain constrained decoding: {'yes' if identical else 'NO'}; "
           f"finished answers valid JSON: {'yes' if valid else 'NO'}")
     print(note)

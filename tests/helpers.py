@@ -79,10 +79,11 @@ def numpy_distribution(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
 
 
 def plain_sampled(path, prompt: list[int], max_tokens: int, temperature: float, top_p: float = 1.0, seed: int = 0,
-                  top_k: int = 0, min_p: float = 0.0, **penalties) -> list[int]:
+                  top_k: int = 0, min_p: float = 0.0, allowed=None, **penalties) -> list[int]:
     """mlx-lm's model decoding alone, its logits through mlx-lm's own penalty processors (`penalty_processors`),
     each token drawn from its NumPy distribution by the documented rule: the Gumbel-max draw with the key of its
-    position in the sequence (`position_keys`), up to the first end token."""
+    position in the sequence (`position_keys`), up to the first end token. `allowed(tokens so far)`: a bool
+    array over the logits of what may come next (a grammar's mask; None: everything)."""
     model, tokenizer = loaded(str(path))
     processors, history = penalty_processors(**penalties), mx.array(prompt)
     cache, tokens = make_prompt_cache(model), []
@@ -90,7 +91,10 @@ def plain_sampled(path, prompt: list[int], max_tokens: int, temperature: float, 
     for position in range(len(prompt), len(prompt) + max_tokens):
         for processor in processors:
             logits = processor(history, logits)
-        p = numpy_distribution(np.array(logits[0], dtype=np.float64), temperature, top_k, top_p, min_p)
+        scores = np.array(logits[0], dtype=np.float64)
+        if allowed is not None:
+            scores = np.where(allowed(tokens), scores, -np.inf)
+        p = numpy_distribution(scores, temperature, top_k, top_p, min_p)
         noise = np.array(mx.random.gumbel((p.size,), key=position_keys(mx.random.key(seed), position, 1)[0]))
         with np.errstate(divide="ignore"):
             tokens.append(int(np.argmax(np.log(p) + noise)))

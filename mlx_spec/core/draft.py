@@ -35,6 +35,15 @@ class Draft:
         return Draft(self.tokens[:k], None if self.q is None else self.q[:k],
                      confidence=None if self.confidence is None else self.confidence[:k])
 
+    def then(self, tokens: list[int]) -> "Draft":
+        """A chain with deterministic drafts `tokens` (one-hot q) after it."""
+        if not tokens:
+            return self
+        extra = mx.array(tokens, dtype=mx.int32)
+        q = self.q if self.q is None else mx.concatenate(
+            [self.q, (mx.arange(self.q.shape[-1])[None] == extra[:, None]).astype(self.q.dtype)])
+        return Draft(mx.concatenate([self.tokens, extra]), q)
+
     @classmethod
     def from_paths(cls, paths: list[list[int]], tree: bool = False) -> "Draft":
         """The tree (a trie) holding each of `paths`, shared prefixes merged, siblings in order of first

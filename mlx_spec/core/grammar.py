@@ -20,6 +20,7 @@ import numpy as np
 from ..seams.errors import SpecError
 
 KINDS = ("json_schema", "json_object", "regex", "lark")
+FORCED_MOST = 16  # the most tokens a round drafts of the text a grammar forces
 # JSON without free whitespace between tokens (`{"a": 1, "b": [2]}`): small models otherwise loop on blank lines
 # inside an object; a schema's own "x-guidance" options override it
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -106,6 +107,19 @@ class Grammar:
         if width > self.vocab:
             allowed = mx.concatenate([allowed, mx.zeros((len(prefixes), width - self.vocab), dtype=mx.bool_)], 1)
         return mx.where(allowed[:, :width], logits, -mx.inf)
+
+    def forced(self, prefix: list[int], most: int = FORCED_MOST) -> list[int]:
+        """Up to `most` tokens of the text the grammar forces after the committed tokens + `prefix` (keys,
+        punctuation, a tool call's wrapper), as the tokenizer writes it: drafts the masked target takes unless it
+        writes that text in other tokens (llguidance's forced tokens are the few it must take)."""
+        if most <= 0:
+            return []
+        taken = self.matcher.try_consume_tokens(prefix) if prefix else 0
+        text = (self.matcher.compute_ff_bytes() if taken == len(prefix) and not self.matcher.is_error()
+                and not self.matcher.is_stopped() else b"")
+        if taken:
+            self.matcher.rollback(taken)
+        return self.tokenizer.tokenize_bytes(text)[:most] if text else []
 
     def valid_prefix(self, drafts: list[int]) -> int:
         """How many of `drafts` the grammar takes from here."""

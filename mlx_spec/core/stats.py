@@ -29,6 +29,7 @@ class Stats:
     drafter_report: str = ""  # figures of the drafter's own (lookahead: its n-gram pool)
     batch_size: int = 1  # the most sequences decoded together with this one (batched decoding)
     prediction: tuple[int, int] | None = None  # a predicted output's tokens accepted as drafts, and the rest
+    forced: tuple[int, int] | None = None  # drafts of the text a grammar forced, and those accepted
 
     def record_round(self, verdict) -> None:
         """Count a finished round (an engine `Round`)."""
@@ -76,7 +77,7 @@ class Stats:
         names = ["drafter", "policy", "policy_reasons", "prompt_tokens", "reused_prompt_tokens", "generated_tokens", "rounds",
                  "drafted", "accepted", "nodes", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
                  "prefill_tps", "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory",
-                 "drafter_report", "batch_size", "prediction"]
+                 "drafter_report", "batch_size", "prediction", "forced"]
         return {name: getattr(self, name) for name in names}
 
     def summary(self) -> str:
@@ -89,7 +90,9 @@ class Stats:
                      f"({self.accepted}/{self.drafted}), {self.mean_acceptance_length:.2f} tokens/step, "
                      f"per position [{positions}]"
                      + (f", {self.nodes / self.rounds:.1f} tree nodes/round" if self.nodes > self.drafted else "")
-                     + (f", {self.drafter_report}" if self.drafter_report else "") + f"; {self.policy}")
+                     + (f", {self.drafter_report}" if self.drafter_report else "")
+                     + (f", forced by the grammar {self.forced[1]}/{self.forced[0]}" if self.forced else "")
+                     + f"; {self.policy}")
         else:
             line += " | drafting off"
         return line + f" | peak memory {self.peak_memory / 2**20:.0f} MiB"

@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from ..core.draft import Draft
 from ..core.events import Done, Round, Text, emit
+from ..core.grammar import FORCED_MOST
 from ..core.prediction import Prediction
 from ..core.sampling import SamplingParams, token_logprobs
 from ..core.stats import Stats
@@ -59,6 +60,7 @@ class Row:
         self.stats = Stats(drafter=drafter_name, prompt_tokens=len(job.prompt))
         self.stop_reason: str | None = None
         self.prediction = Prediction(job.prediction, len(job.prompt)) if job.prediction else None
+        self.forced = [0, 0]  # drafts of the text its grammar forces: drafted, accepted
         self.prefill = None  # a batch row's prompt's cache (a RaggedBatch) while it is prefilled, before it joins
         self.prefilled = False  # whether `prefill` holds the whole prompt
         self.ready = True  # whether its drafter works on its prompt (else it starts on what the row decodes)
@@ -75,6 +77,8 @@ class Row:
         self.stats.record_memory()
         if self.prediction:
             self.stats.prediction = (self.prediction.accepted, self.prediction.rejected)
+        if self.forced[0]:
+            self.stats.forced = tuple(self.forced)
         if self.policy is not None:
             self.stats.policy_reasons = self.policy.explain()[1:]
         return [Text(tail)] * bool(tail) + [Done(self.stop_reason, self.text.text, self.generated, self.stats)]
@@ -207,7 +211,10 @@ class RoundLoop:
     def speculate(self, rows: list, plan: Plan, start: float) -> list[tuple[object, object]]:
         """A round with drafts (or penalties, grammars, log-probabilities): draft, verify every row's chain or
         token tree in one forward, keep what each accepts."""
-        drafts = self.propose(rows, plan)
+        drafts, forced = self.force(rows, self.propose(rows, plan))
+        if any(forced):  # the keys of the positions past the planned ones (each position's, as planned)
+            plan.verify_keys = [position_keys(row.seed, len(row.context), d.tokens.shape[0] + 1) if f else keys
+                                for row, d, f, keys in zip(rows, drafts, forced, plan.verify_keys)]
         if self.parts is not None:
             mx.eval([d.tokens for d in drafts])
             self.parts["draft"], start = time.perf_counter() - start, time.perf_counter()
@@ -227,7 +234,7 @@ class RoundLoop:
                     tree_draws(d, masked(row, logits[i, :1 + d.tokens.shape[0]], d), row.job.params, row.context, keys)
                     for i, (row, d, keys) in enumerate(zip(rows, drafts, plan.verify_keys))]
         mx.eval([d.tokens for d in drafts], verdicts)  # the round's only host synchronisation
-        return self.keep(rows, plan, drafts, logits, hidden, verdicts, start)
+        return self.keep(rows, plan, drafts, forced, logits, hidden, verdicts, start)
 
     def propose(self, rows: list, plan: Plan) -> list[Draft]:
         """Every row's draft for `plan`: its prediction's, or its drafter's, cut where the drafter is unsure (a
@@ -247,23 +254,42 @@ class RoundLoop:
                 if row.job.grammar and d.q is None and d.parents is None else d
                 for row, d in zip(rows, drafts)]  # one-hot drafts a grammar rejects can only be rejected
 
-    def keep(self, rows: list, plan: Plan, drafts: list[Draft], logits: mx.array, hidden: mx.array | None,
-             verdicts: list, start: float) -> list[tuple[object, object]]:
-        """What each row keeps of its verified chain ((accepted, next), evaluated) or tree (its draws, evaluated):
-        the runner's cache and the drafters keep it, the rows emit it."""
-        rounds, new_tokens, kept = [], [], []
-        for row, d, verdict, own in zip(rows, drafts, verdicts, plan.predicted or [False] * len(rows)):
+    def force(self, rows: list, drafts: list[Draft]) -> tuple[list[Draft], list[int]]:
+        """Every chain under a grammar, while drafting, with the tokens of the text the grammar forces after it
+        appended (`Grammar.forced`); how many each row got."""
+        lengths = [0] * len(rows)
+        if not self.drafters:
+            return drafts, lengths
+        for i, (row, d) in enumerate(zip(rows, drafts)):
+            if row.job.grammar is not None and d.parents is None:
+                room = row.job.max_tokens - len(row.generated) - 1 - d.tokens.shape[0]
+                tokens = row.job.grammar.forced(d.tokens.tolist(), min(room, FORCED_MOST))
+                drafts[i], lengths[i] = d.then(tokens), len(tokens)
+        return drafts, lengths
+
+    def keep(self, rows: list, plan: Plan, drafts: list[Draft], forced: list[int], logits: mx.array,
+             hidden: mx.array | None, verdicts: list, start: float) -> list[tuple[object, object]]:
+        """What each row keeps of its verified chain ((accepted, next), evaluated; its last `forced` drafts
+        the grammar's) or tree (its draws, evaluated): the runner's cache and the drafters keep it, the rows emit
+        it."""
+        rounds, new_tokens, kept, drafters_rounds = [], [], [], []
+        for row, d, verdict, own, f in zip(rows, drafts, verdicts, plan.predicted or [False] * len(rows), forced):
             n = d.tokens.shape[0]
             if d.parents is None:
                 accepted = verdict[0].item()
-                if own and n:
-                    row.prediction.verdict(n, accepted)
+                if own and n > f:
+                    row.prediction.verdict(n - f, min(accepted, n - f))
+                if f:
+                    row.forced[0] += f
+                    row.forced[1] += max(0, accepted - (n - f))
                 rounds.append(Round(n, accepted, n))
+                drafters_rounds.append(Round(n - f, min(accepted, n - f), n - f))
                 new_tokens.append(d.tokens[:accepted].tolist() + [verdict[1].item()])
                 kept.append(accepted + 1)
             else:
                 path, tokens = walk_tree(d, verdict.tolist())
                 rounds.append(Round(max(d.depths()) if d.depth is None else d.depth, len(path), n))
+                drafters_rounds.append(rounds[-1])
                 new_tokens.append(tokens)
                 kept.append([0, *(node + 1 for node in path)])
         self.runner.keep(kept)
@@ -282,7 +308,7 @@ class RoundLoop:
             self.drafters.accept([row.context for row in rows], [verdict.accepted for verdict in rounds], hidden,
                                  tree_logits=[logits[i] if d.parents is not None else None
                                               for i, d in enumerate(drafts)] if trees else None)
-        self.observe(plan, width - 1, rounds, time.perf_counter() - start, new_tokens)
+        self.observe(plan, width - 1, drafters_rounds, time.perf_counter() - start, new_tokens)
         return events
 
     def observe(self, plan: Plan, longest: int, rounds: list[Round], seconds: float | None,

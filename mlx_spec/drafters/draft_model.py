@@ -180,7 +180,7 @@ class BatchedDraftModel(BatchDrafter):
         self.batch.mark()
         logits = self.batch.forward(mx.array(inputs), [len(t) for t in tails])
         logits = fit_vocabulary(logits[mx.arange(len(tails)), mx.array([len(t) - 1 for t in tails])], self.vocab_size)
-        self.fed, self.longest = [len(t) for t in tails], longest
+        self.fed, self.lengths = [len(t) for t in tails], lengths
 
         def next_logits(column: mx.array) -> mx.array:
             return fit_vocabulary(self.batch.forward(column[:, None], [1] * len(tails))[:, 0], self.vocab_size)
@@ -188,10 +188,12 @@ class BatchedDraftModel(BatchDrafter):
         return draft_batch(logits, next_logits, contexts, lengths, params, keys, self.constraints)
 
     def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None, tree_logits=None) -> None:
-        """Keep each row's fed tail and its accepted drafts that were fed (the last draft never is)."""
+        """Keep each row's fed tail and its accepted drafts that were fed (the round's last draft never is; a
+        row's accepted tokens past its own drafts, a prediction's or a grammar's, were not fed)."""
         if self.fed is None:
             return  # a round without drafting: the rows' tails wait for the next draft
-        kept = [fed + min(count, self.longest - 1) for fed, count in zip(self.fed, accepted)]
+        longest = max(self.lengths)
+        kept = [fed + min(count, k, longest - 1) for fed, count, k in zip(self.fed, accepted, self.lengths)]
         self.batch.keep(kept)
         self.fed = None
 

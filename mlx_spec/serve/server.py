@@ -1,7 +1,8 @@
 """`mlx-spec serve`: an OpenAI-compatible HTTP server (Starlette on uvicorn) over one loaded engine.
 
 `POST /v1/chat/completions` and `/v1/completions` (streamed as server-sent events or not), Anthropic's
-`POST /v1/messages` (anthropic.py), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus' text format,
+`POST /v1/messages` (anthropic.py), OpenAI's Responses API (`POST /v1/responses`, `GET` / `DELETE
+/v1/responses/{id}`: responses.py), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus' text format,
 metrics.py). A chat's `tools` go through the model's chat
 template and the calls in its answer come back as `tool_calls` (tool_calls.py; tool_use blocks on /v1/messages).
 Requests queue (bounded: 503 with Retry-After when full) and run on the generation thread (generator.py), which
@@ -41,7 +42,7 @@ from ..core.sampling import SamplingParams
 from ..decode.engine import Engine
 from ..seams import memory
 from ..seams.errors import SpecError
-from . import anthropic
+from . import anthropic, responses
 from .generator import APIError, Generator, Job
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .request_fields import FINISH_REASONS, parse_draft_len, parse_job, usage
@@ -73,11 +74,14 @@ class Server:
         self.model_id, self.defaults, self.max_tokens = model_id, defaults, max_tokens
         self.timeout, self.api_key, self.num_draft = timeout, api_key, num_draft
         self.generator = Generator(engine, max_queue, batch_size)
+        self.stored = responses.Stored()
         self.app = Starlette(routes=[
             Route("/health", self.health), Route("/v1/models", self.models),
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/messages", self.messages, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/responses/{id}", self.stored_response, methods=["GET", "DELETE"]),
             Route("/mlx-spec/v1/status", self.status), Route("/mlx-spec/v1/generate", self.generate, methods=["POST"]),
             Route("/mlx-spec/v1/jobs/{id}", self.control, methods=["POST"]), Route("/metrics", self.metrics),
         ], exception_handlers={APIError: lambda request, e: e.response(), HTTPException: self.http_error,
@@ -297,6 +301,68 @@ class Server:
                     yield shown(calls.close() if calls else [])
                     stop = anthropic.stop_of(event, made, self.generator.default.tokenizer, job.stop)
                     yield stream.end(event, stop, usage(event))
+                    break
+        finally:
+            job.cancelled = True
+
+    async def responses(self, request: Request):
+        """OpenAI's Responses API (responses.py) on the chat route's parsing and generation."""
+        body = await self.body(request)
+        if not isinstance(body.get("stream", False), bool):
+            raise APIError(400, "'stream' must be true or false", "stream")
+        chat, conversation = responses.chat_body(body, self.stored)
+        try:
+            job = parse_job(chat, True, self)
+        except APIError as e:
+            raise responses.renamed(e) from None
+        job.loop = asyncio.get_running_loop()
+        self.generator.submit(job)
+        started = responses.shell(body, self.model_id)
+        if body.get("stream"):
+            return StreamingResponse(self.response_events(job, started, conversation), media_type="text/event-stream")
+        if (answer := await self.answer(job, request)) is None:
+            return JSONResponse({}, 499)
+        done, text, _ = answer
+        content, calls = split_calls(self.tool_calls(job), text) if job.tools else (text, [])
+        return JSONResponse(self.keep(responses.finished(started, done, responses.output_items(content, calls),
+                                                         usage(done)), conversation))
+
+    def keep(self, response: dict, conversation: list[dict]) -> dict:
+        """Store a finished response (unless asked not to) with the conversation it ends."""
+        if response["store"]:
+            self.stored.keep(response, [*conversation, responses.answered(response["output"])])
+        return response
+
+    async def stored_response(self, request: Request):
+        self.authorize(request)
+        rid = request.path_params["id"]
+        if request.method == "DELETE":
+            self.stored.delete(rid)
+            return JSONResponse({"id": rid, "object": "response", "deleted": True})
+        return JSONResponse(self.stored.get(rid)[0])
+
+    async def response_events(self, job: Job, started: dict, conversation: list[dict]):
+        stream, calls = responses.EventStream(started), self.tool_calls(job)
+
+        def shown(pieces: list) -> str:
+            return "".join(stream.call(p) if isinstance(p, dict) else stream.text(p) for p in pieces)
+
+        try:
+            yield stream.start()
+            while True:
+                event = await job.events.get()
+                if isinstance(event, Done) and event.stop_reason == "stopped":
+                    event = self.stopped(job)
+                if isinstance(event, APIError):
+                    yield stream.error(event)
+                    break
+                if isinstance(event, (Token, Text)) and event.text:
+                    yield shown(calls.feed(event.text) if calls else [event.text])
+                elif isinstance(event, Done):
+                    yield shown(calls.close() if calls else [])
+                    events, response = stream.end(event, usage(event))
+                    self.keep(response, conversation)
+                    yield events
                     break
         finally:
             job.cancelled = True
