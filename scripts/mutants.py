@@ -5,7 +5,8 @@ sampling and penalties, rollback (sliding windows, trees, quantized KV, Gated De
 cache alone and in a batch, the drafting helpers, n-gram, suffix and lookahead drafting, MTP layers, Medusa, EAGLE-3
 and Gemma 4 drafters, block drafters (alone, in a batch) and their training, ragged batches (per-row keys, rows
 joining), the prompt cache (drafter state taken back), the draft-length policy's off state, request parsing,
-convert, constrained output, predicted outputs and distributed batches.
+convert, constrained output and its forced drafts, predicted outputs, distributed batches and the Responses
+API.
 
     python scripts/mutants.py              # all of them, two at a time (--jobs)
     python scripts/mutants.py --only 3,7   # some; --list shows them; --verbose how their tests ended
@@ -84,7 +85,7 @@ MUTANTS = [
            ("tests/test_caches.py::test_draft_model_cache_holds_exactly_the_accepted_context",)),
     Mutant("a batch's draft model keeps one rejected draft of each row after a round",
            "mlx_spec/drafters/draft_model.py",
-           "kept = [fed + min(count, self.longest - 1)", "kept = [fed + min(count + 1, self.longest - 1)",
+           "kept = [fed + min(count, k, longest - 1)", "kept = [fed + min(count + 1, k, longest - 1)",
            ("tests/test_batched.py::test_every_row_equals_decoding_it_alone[qwen3-draft-model-qwen3-draft-2]",)),
     Mutant("a tree node does not see its ancestors", "mlx_spec/core/draft.py",
            "sees[i + 1] |= sees[parent + 1]", "sees[i + 1] |= sees[0]", ("tests/test_trees.py",)),
@@ -239,6 +240,20 @@ MUTANTS = [
            "jobs[key][1].draft_len = value // 2 - 1 if value // 2 else None",
            "jobs[key][1].draft_len = None",
            ("tests/test_distributed.py::test_a_batchs_pins_stops_and_joins_reach_every_rank",)),
+    Mutant("a chain that carries forced drafts is verified with the keys of its planned length only",
+           "mlx_spec/decode/rounds.py", "        if any(forced):  # the keys", "        if False:  # the keys",
+           ("tests/test_forced_drafts.py::test_sampled_output_with_forced_drafts_is_plain_constrained_sampling",)),
+    Mutant("the grammar stays at the chain's end after its forced text is read", "mlx_spec/core/grammar.py",
+           "        if taken:\n            self.matcher.rollback(taken)\n        return self.tokenizer",
+           "        return self.tokenizer",
+           ("tests/test_forced_drafts.py::test_the_forced_text_is_the_schemas_keys_and_punctuation",)),
+    Mutant("a batched draft model keeps steps it fed for tokens it never drafted", "mlx_spec/drafters/draft_model.py",
+           "kept = [fed + min(count, k, longest - 1) for fed, count, k in", "kept = [fed + min(count, longest - 1) for fed, count, k in",
+           ("tests/test_forced_drafts.py::test_a_batched_draft_model_keeps_only_its_own_fed_drafts",)),
+    Mutant("previous_response_id does not put the stored conversation first", "mlx_spec/serve/responses.py",
+           "        history = list(stored.get(previous, \"previous_response_id\")[1])",
+           "        stored.get(previous, \"previous_response_id\")",
+           ("tests/test_responses.py::test_a_codex_like_exchange_of_calls_and_outputs",)),
 ]
 
 
