@@ -87,20 +87,20 @@ def load_target(model: str | None, draft_model: str | None = None, distributed: 
 MAX_TREE_WIDTH = 8
 
 
-def check_options(drafter: str | None, draft_len: int | None, mtp_hidden: str, tree_width: int) -> None:
+def check_options(drafter: str | None, draft_len: int | None, mtp_hidden: str | None, tree_width: int) -> None:
     """Refuse the options that are wrong whatever the model (before it loads)."""
     if drafter is not None and drafter not in DRAFTERS:
         raise SpecError(f"unknown drafter {drafter!r}: choose one of {', '.join(DRAFTERS)}")
     check_draft_len(draft_len)
-    if mtp_hidden not in ("post", "pre"):
-        raise SpecError(f"mtp_hidden must be 'post' or 'pre', got {mtp_hidden!r}")
+    if mtp_hidden not in (None, "post", "pre"):
+        raise SpecError(f"mtp_hidden must be 'post', 'pre' or None, got {mtp_hidden!r}")
     if isinstance(tree_width, bool) or not isinstance(tree_width, int) or not 1 <= tree_width <= MAX_TREE_WIDTH:
         raise SpecError(f"tree width must be from 1 (a chain) to {MAX_TREE_WIDTH}, got {tree_width!r}")
 
 
 def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: str | None = None,
                 draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
-                mtp_hidden: str = "post", tree_width: int = 1, mtp_path: str | None = None,
+                mtp_hidden: str | None = None, tree_width: int = 1, mtp_path: str | None = None,
                 suffix_cache: str | None = None) -> Engine:
     """An Engine around a loaded target with the chosen drafter (see `load` for the arguments): the first of the
     drafter's kinds (`drafters.kinds.DRAFTERS`) that recognises the checkpoints given is checked against the
@@ -159,7 +159,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
 
 
 def pair(target: LoadedTarget, draft_model: str | None, mtp_path: str | None, kv_bits: int | None,
-         kv_group_size: int, mtp_hidden: str, suffix_cache: str | None) -> Pairing:
+         kv_group_size: int, mtp_hidden: str | None, suffix_cache: str | None) -> Pairing:
     """The target and the drafter's checkpoints (resolved, with their configs) as the drafters' kinds see them."""
     draft_path = resolve(draft_model) if draft_model else None
     head_path = resolve(mtp_path) if mtp_path else None
@@ -179,7 +179,7 @@ def available_drafters(target: LoadedTarget, draft_model: str | None, trees: boo
 
 def load(model: str | None = None, draft_model: str | None = None, drafter: str | None = None,
          draft_len: int | None = None, kv_bits: int | None = None, kv_group_size: int = 64,
-         mtp_hidden: str = "post", tree_width: int = 1, distributed: str | None = None,
+         mtp_hidden: str | None = None, tree_width: int = 1, distributed: str | None = None,
          mtp_path: str | None = None, suffix_cache: str | None = None) -> Engine:
     """Load a target and a drafter into an Engine.
 
@@ -188,8 +188,8 @@ def load(model: str | None = None, draft_model: str | None = None, drafter: str 
     decoding) and the models.toml recommendation or the drafter's default maximum.
     drafter: a name from `drafters.kinds.DRAFTERS` ("mtp", "draft-model", "ngram", "off"); default: the first of
     `drafters.DEFAULT_ORDER` that this target has.
-    mtp_hidden: the target hidden state fed to the MTP layer, after ("post", as the reference implementations)
-    or before ("pre") the final norm.
+    mtp_hidden: the target hidden state fed to the MTP layer, after ("post") or before ("pre") the final norm;
+    None: as the family's reference implementation feeds it (after, but for MiMo).
     mtp_path: an MTP head `mlx-spec train-mtp` trained for this target: the "mtp" drafter (and the default one
     unless a draft model is given).
     suffix_cache: a file the "suffix" drafter's index is loaded from and saved to when the process exits.

@@ -2,11 +2,11 @@
 fresh copy of the working tree, and run the few tests that should catch it (pytest -x: the first failure ends
 the run). Every mutant must make them fail. They cover verification (dense-q and greedy chains, sampled trees),
 sampling and penalties, rollback (sliding windows, trees, quantized KV, Gated DeltaNet states), the draft model's
-cache alone and in a batch, the drafting helpers, n-gram, suffix and lookahead drafting, MTP layers, Medusa, EAGLE-3
-and Gemma 4 drafters, block drafters (alone, in a batch) and their training, ragged batches (per-row keys, rows
-joining), the prompt cache (drafter state taken back), the draft-length policy's off state, request parsing,
-convert, constrained output and its forced drafts, predicted outputs, distributed batches and the Responses
-API.
+cache alone and in a batch, the drafting helpers, n-gram, suffix and lookahead drafting, MTP and nextn layers,
+Medusa, EAGLE-3 and Gemma 4 drafters, block drafters (alone, in a batch) and their training, ragged batches
+(per-row keys, rows joining), the prompt cache (drafter state taken back), the draft-length policy's off state,
+request parsing, convert, constrained output and its forced drafts, predicted outputs, distributed batches and
+the Responses API.
 
     python scripts/mutants.py              # all of them, two at a time (--jobs)
     python scripts/mutants.py --only 3,7   # some; --list shows them; --verbose how their tests ended
@@ -254,6 +254,12 @@ MUTANTS = [
            "        history = list(stored.get(previous, \"previous_response_id\")[1])",
            "        stored.get(previous, \"previous_response_id\")",
            ("tests/test_responses.py::test_a_codex_like_exchange_of_calls_and_outputs",)),
+    Mutant("MiMo's MTP layer reads [embedding, hidden] as the other families do", "mlx_spec/models/nextn.py",
+           "copies=(), hidden_first=True, feeds_normed=True", "copies=(), hidden_first=False, feeds_normed=True",
+           ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[mimo]",)),
+    Mutant("MiMo's MTP layer reads the target's post-norm state", "mlx_spec/models/nextn.py",
+           "feeds_normed=True, reads=\"pre\")", "feeds_normed=True, reads=\"post\")",
+           ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[mimo]",)),
 ]
 
 

@@ -78,6 +78,8 @@ def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_
     ("demo", {}),  # the demo's own MTP layer over its Gated DeltaNet target
     ("qwen3", {"mtp_path": "qwen3-mtp-head"}),  # a trained head
     ("glm4_moe", {"drafter": "mtp"}),  # a nextn layer
+    ("glm4_moe_lite", {"drafter": "mtp"}),  # a nextn layer over MLA
+    ("mimo", {"drafter": "mtp"}),  # a nextn layer that reads the target's pre-norm states
     ("qwen3", {"draft_model": "qwen3-eagle3"}),  # an EAGLE-3 head, chains
     ("qwen3", {"draft_model": "qwen3-medusa"}),  # Medusa heads, chains
     ("qwen3", {"draft_model": "qwen3-draft", "kv_bits": 8, "kv_group_size": 32}),  # quantized KV, target and draft

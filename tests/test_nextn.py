@@ -1,6 +1,8 @@
-"""DeepSeek-V3 (MLA + MoE) and GLM-4.5 (GQA + MoE) nextn MTP layers: the layer against a NumPy transcription of
-its equations, exact drafting with rollbacks of every cache, convert keeping and grafting the layer, refusals."""
+"""The nextn MTP layers of DeepSeek-V3 (MLA + MoE), GLM-4.5 (GQA + MoE), GLM-4.7-Flash (MLA + GLM's MoE) and
+MiMo-7B (Qwen2's block, Qwen3.5's equations): the layer against a NumPy transcription of each family's equations,
+exact drafting with rollbacks of every cache, convert keeping and grafting the layer, refusals."""
 
+import importlib
 import json
 import shutil
 
@@ -23,35 +25,72 @@ def rms(x, w, eps=1e-6):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
+# Each family's layer as vLLM's *_mtp.py computes it: where its tensors are ({n}: num_hidden_layers), the names of
+# its embedding norm, hidden norm, projection and output norm, whether the projection reads [hidden, embedding],
+# whether the state fed back is the output norm's (else the block's), whether it reads the target's pre-norm state.
+REFERENCE = {
+    "deepseek_v3": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
+    "glm4_moe": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
+    "glm4_moe_lite": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
+    "mimo": ("model.mtp_layers.0.", ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm"),
+             True, True, True),
+}
+
+
+def reference_block(path, config: dict, raw: dict, p: str, own: set[str]):
+    """The layer's decoder block as mlx-lm runs it: a model one layer deeper's last layer, where the block is
+    stored as that layer (mlx-lm's own loader converts its tensors); else mlx-lm's block class of the family
+    holding the block's tensors as stored."""
+    n = config["num_hidden_layers"]
+    if p == f"model.layers.{n}.":
+        return load_model(path, strict=False, model_config={"num_hidden_layers": n + 1})[0].model.layers[n]
+    module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    block = module.TransformerBlock(module.ModelArgs.from_dict(config))
+    block.load_weights([(k[len(p):], mx.array(v)) for k, v in raw.items() if k.startswith(p) and k not in own])
+    return block
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_nextn_layer_is_its_equations(tiny, family):
-    """x = eh_proj(concat[enorm(embed(t+1)), hnorm(h)]), the decoder block, lm_head(shared_head.norm(x)): the
-    drafter's scores against NumPy on the checkpoint's own tensors, the block run as mlx-lm runs a layer of a
-    model one layer deeper (so that mlx-lm's own loader converts its tensors), the hidden state the target's
-    post-norm output."""
+    """x = proj(concat[embedding_norm(embed(t+1)), hidden_norm(h)]) (MiMo: hidden first), the decoder block, the
+    target's head over output_norm(x): the drafter's scores for a first draft and for a chained one (the state
+    fed back: the block's output, or its output norm's) against NumPy on the checkpoint's own tensors, the block
+    run by mlx-lm, `h` the target's post-norm state (MiMo: pre-norm)."""
     from safetensors.numpy import load_file
 
     path = tiny[family]
     config = json.loads((path / "config.json").read_text())
     n, raw = config["num_hidden_layers"], load_file(str(path / "model.safetensors"))
-    p = f"model.layers.{n}."
-    deeper, _ = load_model(path, strict=False, model_config={"num_hidden_layers": n + 1})
+    where, names, hidden_first, feeds_normed, pre = REFERENCE[family]
+    p = where.format(n=n)
+    embedding_norm, hidden_norm, proj, out_norm = (raw[f"{p}{name}.weight"] for name in names)
+    block = reference_block(path, config, raw, p, {f"{p}{name}.weight" for name in names})
+    target, _ = load_model(path)
     engine = mlx_spec.load(str(path))
     ids = engine.encode(HEAD_TEXTS[1])
-    hidden = np.array(deeper.model.norm(_run(deeper, ids, n)))  # the target's post-norm states
-    e = raw["model.embed_tokens.weight"][ids[1:]]
-    x = np.concatenate([rms(e, raw[p + "enorm.weight"]), rms(hidden[:-1], raw[p + "hnorm.weight"])], -1)
-    x = x @ raw[p + "eh_proj.weight"].T
-    xa = mx.array(x)[None]
-    y = np.array(deeper.model.layers[n](xa, mask=create_attention_mask(xa, None, return_array=True), cache=KVCache())[0])
-    logits = rms(y, raw[p + "shared_head.norm.weight"]) @ raw["lm_head.weight"].T
+    states = _run(target, ids, n)
+    hidden = np.array(states if pre else target.model.norm(states))
 
-    drafter, target = engine.drafter, engine.target
-    step = target.prefill(ids[:-1])
-    drafter.begin(ids, step)
+    def rows(tokens: list[int], hidden: np.ndarray) -> np.ndarray:
+        parts = [rms(raw["model.embed_tokens.weight"][tokens], embedding_norm), rms(hidden, hidden_norm)]
+        return np.concatenate(parts[::-1] if hidden_first else parts, -1) @ proj.T
+
+    def run(x: np.ndarray) -> np.ndarray:
+        xa = mx.array(x)[None]
+        return np.array(block(xa, mask=create_attention_mask(xa, None, return_array=True), cache=KVCache())[0])
+
+    x = rows(ids[1:], hidden[:-1])
+    y = run(x)
+    logits = rms(y, out_norm) @ raw["lm_head.weight"].T
+    first = int(logits[-1].argmax())
+    fed = rms(y[-1:], out_norm) if feeds_normed else y[-1:]
+    chained = rms(run(np.concatenate([x, rows([first], fed)]))[-1], out_norm) @ raw["lm_head.weight"].T
+
+    drafter = engine.drafter
+    drafter.begin(ids, engine.target.prefill(ids[:-1]))
     np.testing.assert_allclose(np.array(drafter.next_logits[0]), logits[-1], rtol=1e-3, atol=1e-3)
-    proposal = drafter.propose(ids, 1, mlx_spec.SamplingParams(), mx.random.key(0)).tokens.tolist()
-    assert proposal == [int(logits[-1].argmax())]
+    proposal = drafter.propose(ids, 2, mlx_spec.SamplingParams(), mx.random.key(0)).tokens.tolist()
+    assert proposal == [first, int(chained.argmax())]
 
 
 def _run(model, ids, layers):
@@ -81,10 +120,11 @@ def test_nextn_drafting_is_exact(tiny, family):
     assert 0 < accepted < drafted
 
 
-def test_convert_keeps_and_grafts_the_nextn_layer(tiny, tmp_path):
+@pytest.mark.parametrize("family", ["deepseek_v3", "mimo"])  # the layer past the last, and in its own list
+def test_convert_keeps_and_grafts_the_nextn_layer(tiny, tmp_path, family):
     from mlx_lm.convert import convert
 
-    source = tiny["deepseek_v3"]
+    source = tiny[family]
     out = tmp_path / "converted"
     proc = run_cli("convert", "--hf-path", str(source), "--mlx-path", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -125,7 +165,8 @@ def test_unsupported_nextn_variants_are_refused(tiny, tmp_path):
     config = json.loads((declared / "config.json").read_text())
     (declared / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
     assert_one_line_error(run_cli("generate", "--model", str(declared), "--drafter", "mtp", "--prompt", "hi"),
-                          "nextn layers of deepseek_v3, glm4_moe only", "'qwen3'", "--drafter ngram")
+                          "nextn layers of deepseek_v3, glm4_moe, glm4_moe_lite, mimo only", "'qwen3'",
+                          "--drafter ngram")
     misfit = edited_copy(tiny["glm4_moe"], tmp_path / "misfit",
                          lambda w: {k: (v[:, :-1] if k.endswith(".eh_proj.weight") else v) for k, v in w.items()})
     assert_one_line_error(run_cli("generate", "--model", str(misfit), "--prompt", "hi"),

@@ -67,6 +67,7 @@ def first_candidates(draft) -> list[int]:
 @pytest.mark.parametrize("family,drafter,draft", [("qwen3", "draft-model", "qwen3-noisy"), ("qwen3", "ngram", None),
                                                   ("qwen3", "suffix", None),
                                                   ("qwen3", "lookahead", None), ("deepseek_v3", "mtp", None),
+                                                  ("mimo", "mtp", None),
                                                   ("qwen3", "mtp", "qwen3-mtp-head"),
                                                   ("qwen3_5-fitted-mtp", "mtp", None),
                                                   ("qwen3", "draft-model", "qwen3-eagle3"),

@@ -1,5 +1,5 @@
-"""Tiny DeepSeek-V3-style (MLA + MoE) and GLM-4.5-style (GQA + MoE) checkpoints in the Hugging Face layout, each
-with its nextn MTP layer stored as `model.layers.{num_hidden_layers}.*` (copies of the embedding and output head
+"""Tiny DeepSeek-V3-style (MLA + MoE), GLM-4.5-style (GQA + MoE) and GLM-4.7-Flash-style (MLA + GLM's MoE)
+checkpoints in the Hugging Face layout, each with its nextn MTP layer stored as `model.layers.{num_hidden_layers}.*` (copies of the embedding and output head
 included, as DeepSeek publishes them)."""
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ from pathlib import Path
 import numpy as np
 from tiny import write_checkpoint
 
-NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe")
+from mlx_spec.models.nextn import FAMILIES, prefix
+
+NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "mimo")
+MLA = ("deepseek_v3", "glm4_moe_lite")  # attention with compressed keys and values (q_a / kv_a projections)
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
        "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
        "norm_topk_prob": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
@@ -28,15 +31,29 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
                 "qk_nope_head_dim": 16, "v_head_dim": 16, "moe_layer_freq": 1,
                 "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
                                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
+    if family == "glm4_moe_lite":  # GLM-4.7-Flash, as zai-org publishes its config
+        return {**common, "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite",
+                "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
+                "qk_nope_head_dim": 16, "v_head_dim": 16, "n_group": 1, "topk_group": 1, "rope_scaling": None,
+                "partial_rotary_factor": 1.0, "routed_scaling_factor": 1.8, "dtype": "float32"}
+    if family == "mimo":  # MiMo-7B (dense, Qwen2's layers), as Xiaomi publishes its config
+        return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["MiMoForCausalLM"],
+                "model_type": "mimo", "num_key_value_heads": 2, "head_dim": 16, "attention_bias": True,
+                "rope_theta": 640000.0, "rope_scaling": None, "use_sliding_window": False}
     return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_key_value_heads": 2,
             "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True,
             "rope_scaling": None, "n_group": 1}
 
 
-def layer_shapes(cfg: dict, i: int, moe: bool) -> dict[str, tuple[int, ...]]:
-    p, h, heads = f"model.layers.{i}.", cfg["hidden_size"], cfg["num_attention_heads"]
+def is_moe(cfg: dict, i: int) -> bool:
+    return "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]
+
+
+def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
+    """One decoder layer's tensors under the prefix `p`."""
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
-    if cfg["model_type"] == "deepseek_v3":
+    if cfg["model_type"] in MLA:
         q_head = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
         shapes.update({p + "self_attn.q_a_proj.weight": (cfg["q_lora_rank"], h),
                        p + "self_attn.q_a_layernorm.weight": (cfg["q_lora_rank"],),
@@ -51,8 +68,9 @@ def layer_shapes(cfg: dict, i: int, moe: bool) -> dict[str, tuple[int, ...]]:
         shapes.update({p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.q_proj.bias": (heads * hd,),
                        p + "self_attn.k_proj.weight": (kv * hd, h), p + "self_attn.k_proj.bias": (kv * hd,),
                        p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.v_proj.bias": (kv * hd,),
-                       p + "self_attn.o_proj.weight": (h, heads * hd),
-                       p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
+                       p + "self_attn.o_proj.weight": (h, heads * hd)})
+        if cfg.get("use_qk_norm"):
+            shapes.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
     if moe:
         inter, shared = cfg["moe_intermediate_size"], cfg["moe_intermediate_size"] * cfg["n_shared_experts"]
         shapes.update({p + "mlp.gate.weight": (cfg["n_routed_experts"], h),
@@ -76,11 +94,13 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     h, v, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
-    for i in range(n + 1):  # the last one: the nextn layer's decoder block
-        shapes.update(layer_shapes(cfg, i, moe=i >= cfg["first_k_dense_replace"]))
-    p = f"model.layers.{n}."
-    shapes.update({p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
-                   p + "shared_head.norm.weight": (h,)})
+    for i in range(n):
+        shapes.update(layer_shapes(cfg, f"model.layers.{i}.", moe=is_moe(cfg, i)))
+    family, p = FAMILIES[cfg["model_type"]], prefix(cfg)
+    shapes.update(layer_shapes(cfg, p, moe=is_moe(cfg, n)))
+    embedding, hidden, proj, out = family.names
+    shapes.update({f"{p}{embedding}.weight": (h,), f"{p}{hidden}.weight": (h,), f"{p}{proj}.weight": (h, 2 * h),
+                   f"{p}{out}.weight": (h,)})
     weights = {}
     for name, shape in shapes.items():
         if name.endswith("norm.weight"):
@@ -91,8 +111,9 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
             weights[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
         else:
             weights[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
-    weights[p + "embed_tokens.weight"] = weights["model.embed_tokens.weight"]  # DeepSeek stores copies
-    weights[p + "shared_head.head.weight"] = weights["lm_head.weight"]
+    if family.copies:  # DeepSeek and GLM store copies of the embedding and head
+        weights[p + "embed_tokens.weight"] = weights["model.embed_tokens.weight"]
+        weights[p + "shared_head.head.weight"] = weights["lm_head.weight"]
     return weights
 
 
@@ -109,7 +130,7 @@ TRAINED = "nextn.safetensors"  # the trained tensors alone, which `with_trained_
 def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: int = 150, seed: int = 0) -> Path:
     """Train the nextn layer's own tensors (its norms and eh_proj; the decoder block stays as drawn) on the
     target's greedy continuations of `texts`, and write them (HF names) to `out_dir`/TRAINED: row p pairs
-    embed(t_{p+1}) with the target's post-norm state at p and learns the target's choice after p + 1, so that
+    embed(t_{p+1}) with the target's state at p (post-norm, or pre-norm where the family reads that) and learns the target's choice after p + 1, so that
     drafting those texts gets drafts accepted."""
     import mlx.core as mx
     import mlx.nn as nn
@@ -118,7 +139,7 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
     from safetensors.numpy import save_file
     from tiny_heads import fit, greedy_continuations
 
-    from mlx_spec.models.nextn import load_nextn, prefix
+    from mlx_spec.models.nextn import load_nextn, ours
 
     mx.random.seed(seed)
     target, cfg = load_model(checkpoint)
@@ -128,25 +149,37 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
     for sequence in greedy_continuations(target, load_tokenizer(checkpoint), texts, tokens=120):
         hidden = target.model(mx.array(sequence)[None])[0]
         labels = mx.argmax(target.lm_head(hidden), -1)
-        rows.append((target.model.embed_tokens(mx.array(sequence[1:])), hidden[:-1], labels[1:]))
+        read = target_states(target, sequence) if FAMILIES[cfg["model_type"]].reads == "pre" else hidden
+        rows.append((target.model.embed_tokens(mx.array(sequence[1:])), read[:-1], labels[1:]))
     mx.eval(rows)
 
     def loss(nextn):
         total = 0.0
         for embeddings, hidden, labels in rows:
             out = nextn(embeddings[None], hidden[None], [KVCache()])[0]
-            total = total + nn.losses.cross_entropy(target.lm_head(nextn.shared_norm(out)), labels).mean()
+            total = total + nn.losses.cross_entropy(target.lm_head(nextn.head_input(out)), labels).mean()
         return total / len(rows)
 
     fit(nextn, loss, steps, 1e-2)
     p = prefix(cfg)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file({f"{p}{theirs}.weight": np.array(getattr(nextn, ours).weight)
-               for ours, theirs in (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"),
-                                    ("shared_norm", "shared_head.norm"))},
+    save_file({p + theirs: np.array(getattr(nextn, mine.removesuffix(".weight")).weight)
+               for theirs, mine in ours(FAMILIES[cfg["model_type"]]).items()},
               str(out_dir / TRAINED), metadata={"format": "pt"})
     return out_dir
+
+
+def target_states(target, sequence: list[int]):
+    """The target's last layer's outputs over `sequence`, before its final norm."""
+    import mlx.core as mx
+    from mlx_lm.models.base import create_attention_mask
+
+    h = target.model.embed_tokens(mx.array(sequence)[None])
+    mask = create_attention_mask(h, None, return_array=True)
+    for layer in target.model.layers:
+        h = layer(h, mask, None)
+    return h[0]
 
 
 def with_trained_nextn(checkpoint: Path, trained_dir: Path) -> Path:

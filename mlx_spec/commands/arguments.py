@@ -34,8 +34,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> list[argparse.Action]:
              "block drafter, ngram or suffix; default 1: a chain)")
     add("--suffix-cache", metavar="FILE", help="the suffix drafter's index of earlier requests, loaded from FILE "
                                                 "at start and saved there at exit (default: kept in memory only)")
-    add("--mtp-hidden", choices=["post", "pre"], default="post",
-        help="target hidden state fed to the MTP layer: after (default) or before the final norm")
+    add("--mtp-hidden", choices=["post", "pre"],
+        help="target hidden state fed to the MTP layer: after or before the final norm (default: as the family's "
+             "reference implementation feeds it, after but for MiMo)")
     add("--kv-bits", type=int, choices=[4, 8], help="quantize the full-attention KV cache")
     add("--kv-group-size", type=int, default=64, choices=[32, 64, 128])
     add("--verbose", action="store_true", help="print the model's whole note every run (the built-in demo's is "

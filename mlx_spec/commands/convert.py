@@ -1,7 +1,8 @@
 """Hugging Face checkpoints to MLX, keeping the MTP layer that mlx_lm.convert drops.
 
 The main model goes through mlx_lm.convert unchanged; the MTP layer (Qwen's `mtp.*` tensors, norm-shifted once,
-or a DeepSeek / GLM nextn layer `model.layers.{num_hidden_layers}.*`, converted as mlx-lm converts a layer),
+or the nextn layer of another family, e.g. DeepSeek / GLM's `model.layers.{num_hidden_layers}.*`, its block
+converted as mlx-lm converts a layer),
 optionally quantized, goes to `mtp.safetensors` beside it, a name mlx-lm's loader never reads, so the output still loads
 with plain `mlx_lm.load` whatever that architecture's sanitize does with `mtp.` keys. Output is written to a
 hidden sibling folder and renamed into place at the end, so a failure leaves nothing half-written.

@@ -177,7 +177,7 @@ class Pairing:
     head_config: dict | None = None
     kv_bits: int | None = None
     kv_group_size: int = 64
-    mtp_hidden: str = "post"
+    mtp_hidden: str | None = None  # None: as the drafter's reference implementation reads it
     suffix_cache: Path | None = None
 
 

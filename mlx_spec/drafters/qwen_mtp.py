@@ -18,7 +18,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from ..core.sampling import SamplingParams
 from ..models.mtp_head import ARCHITECTURE as MTP_HEAD
 from ..models.mtp_head import is_mtp_head, load_head
-from ..models.nextn import check_supported, is_nextn, load_nextn
+from ..models.nextn import check_supported, is_nextn, load_nextn, target_state
 from ..models.qwen3_5 import checkpoint_files, lm_head, load_mtp, text_model
 from ..runners.ragged import RaggedBatch
 from ..runners.target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
@@ -234,7 +234,7 @@ def check_head(pairing: Pairing) -> None:
     if not is_mtp_head(pairing.head_config):
         raise SpecError(f"--mtp-path {pairing.mtp_path} holds no MTP head (its config.json does not name the "
                         f"architecture {MTP_HEAD}): give a folder `mlx-spec train-mtp` wrote")
-    if pairing.mtp_hidden != "post":
+    if pairing.mtp_hidden == "pre":
         raise SpecError("--mtp-hidden pre: a trained MTP head reads the target's post-norm hidden state; drop it")
 
 
@@ -248,8 +248,8 @@ def build_nextn(pairing: Pairing, runner) -> MTPDrafter:
     target = pairing.target
     check_supported(target.config, target.path)
     nextn = load_nextn(target.path, target.config, checkpoint_files(target.path))
-    return MTPDrafter(nextn, compat.input_embedding(target.model),
-                      lambda x: target.model.lm_head(nextn.shared_norm(x)))
+    head = compat.output_head(target.model)
+    return MTPDrafter(nextn, compat.input_embedding(target.model), lambda x: head(nextn.head_input(x)))
 
 
 def build_qwen(pairing: Pairing, runner) -> MTPDrafter:
@@ -265,6 +265,6 @@ KINDS = [
     Kind("mtp-head", build_head, recognises=lambda pairing: pairing.head_path is not None, check=check_head,
          reads=lambda pairing: "post"),
     Kind("nextn", build_nextn, recognises=lambda pairing: is_nextn(pairing.target.config),
-         reads=lambda pairing: pairing.mtp_hidden),
-    Kind("qwen-mtp", build_qwen, reads=lambda pairing: pairing.mtp_hidden),
+         reads=lambda pairing: pairing.mtp_hidden or target_state(pairing.target.config)),
+    Kind("qwen-mtp", build_qwen, reads=lambda pairing: pairing.mtp_hidden or "post"),
 ]

@@ -1,33 +1,63 @@
-"""DeepSeek-V3 and GLM-4.5+ next-token ("nextn") MTP layers, which mlx-lm drops on load and convert.
+"""The next-token ("nextn") MTP layers that checkpoints declaring `num_nextn_predict_layers` carry and mlx-lm drops
+on load and convert, one layer for every family, the differences as data (`FAMILIES`).
 
-A checkpoint that declares `num_nextn_predict_layers` stores the layer as `model.layers.{num_hidden_layers}.*`:
-`enorm`, `hnorm`, `eh_proj`, one decoder block of the model's own kind (MLA + MoE for DeepSeek, GQA + MoE for
-GLM), `shared_head.norm`, and copies of the embedding and output head that, as in vLLM and SGLang, the target's
-own stand in for. The equations (vLLM deepseek_mtp.py / glm4_moe_mtp.py, SGLang deepseek_nextn.py):
+Every family's layer (vLLM's `*_mtp.py`, SGLang's `*_nextn.py`) is, with `hidden` the target's post-norm state at
+position p and `token` the one at p + 1:
 
-    x = eh_proj(concat[enorm(embed(next_token)), hnorm(hidden)])   hidden: the target's post-norm state
-    x = block(x)                     with its own KV cache; fed back as the next `hidden`
-    logits = lm_head(shared_head.norm(x))
+    x = proj(concat[embed_norm(embed(token)), hidden_norm(hidden)])     (MiMo: [hidden_norm(hidden), embed_norm(..)])
+    y = block(x)                     one decoder layer of the family's own kind, with its own KV cache
+    logits = lm_head(out_norm(y))    the target's head (the copies some checkpoints store are the same tensors)
 
-Only the first nextn layer drafts (every published checkpoint has one).
+and the state fed back for the next draft is y (DeepSeek-V3 / GLM: `feeds_normed` False) or out_norm(y) (the
+families whose equations are Qwen3.5's). `hidden` is the target's state after its final norm, but for MiMo, whose
+layer Xiaomi's own vLLM code feeds the state before it (`reads`). Only the first layer drafts where a checkpoint
+has several.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import deepseek_v3, glm4_moe
+from mlx_lm.models import deepseek_v3, glm4_moe, glm4_moe_lite, mimo
 from mlx_lm.models.base import create_attention_mask
 
 from ..seams import compat
 from ..seams.errors import SpecError
 from .common import load_exactly, load_weights
 
-LAYERS = {"deepseek_v3": (deepseek_v3, deepseek_v3.DeepseekV3DecoderLayer),
-          "glm4_moe": (glm4_moe, glm4_moe.DecoderLayer)}  # model_type -> (mlx-lm module, its decoder layer)
-OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens.")  # the layer's tensors besides its block
+
+@dataclass(frozen=True)
+class Family:
+    """How one family stores and computes its layer: mlx-lm's module for it (whose decoder layer is the block and
+    whose `Model.sanitize` converts the block's tensors), the block (`block(args)`), the names of the embedding
+    norm, hidden norm, projection and output norm under `prefix` ({n}: the target's num_hidden_layers), beside the
+    block's own tensors, the copies of the target's tensors stored there (ignored), the projection's input order,
+    the state fed back and the target's state read."""
+
+    module: object
+    block: Callable[[object], nn.Module]
+    names: tuple[str, str, str, str] = ("enorm", "hnorm", "eh_proj", "shared_head.norm")
+    prefix: str = "model.layers.{n}."
+    copies: tuple[str, ...] = ("shared_head.head.", "embed_tokens.")
+    hidden_first: bool = False
+    feeds_normed: bool = False
+    reads: str = "post"  # the target's state it reads: after its final norm, or before ("pre")
+
+
+FAMILIES = {
+    "deepseek_v3": Family(deepseek_v3, lambda args: deepseek_v3.DeepseekV3DecoderLayer(
+        args, layer_idx=args.num_hidden_layers)),  # an MoE layer, as stored
+    "glm4_moe": Family(glm4_moe, lambda args: glm4_moe.DecoderLayer(args, layer_idx=args.num_hidden_layers)),
+    "glm4_moe_lite": Family(glm4_moe_lite, lambda args: glm4_moe_lite.Glm4MoeLiteDecoderLayer(
+        args, layer_idx=args.num_hidden_layers)),  # GLM-4.7-Flash: DeepSeek's MLA with GLM's MoE
+    "mimo": Family(mimo, mimo.TransformerBlock,  # MiMo-7B: Qwen2's block, Qwen3.5's equations
+                   ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm"), "model.mtp_layers.0.",
+                   copies=(), hidden_first=True, feeds_normed=True, reads="pre"),
+}
 STORED = "nextn."  # the prefix of the layer's tensors in `mlx-spec convert` output (mtp.safetensors)
 
 compat.drop_nextn_layers()  # before any DeepSeek-V3 checkpoint is loaded: mlx-lm drops depth 61 only
@@ -42,35 +72,54 @@ def is_nextn(config: dict) -> bool:
 
 
 def check_supported(config: dict, path) -> None:
-    if config.get("model_type") not in LAYERS:
+    if config.get("model_type") not in FAMILIES:
         raise SpecError(f"{path} declares {declared_nextn_layers(config)} nextn MTP layer(s), but MTP drafting "
-                        f"supports the nextn layers of {', '.join(LAYERS)} only, not {config.get('model_type')!r}: "
+                        f"supports the nextn layers of {', '.join(FAMILIES)} only, not {config.get('model_type')!r}: "
                         "use --drafter ngram or --draft-model")
 
 
 class NextN(nn.Module):
     def __init__(self, config: dict):
         super().__init__()
-        module, layer = LAYERS[config["model_type"]]
-        self.args = module.ModelArgs.from_dict(config)
+        self.family = FAMILIES[config["model_type"]]
+        self.args = self.family.module.ModelArgs.from_dict(config)
         h, eps = self.args.hidden_size, self.args.rms_norm_eps
         self.enorm, self.hnorm = nn.RMSNorm(h, eps=eps), nn.RMSNorm(h, eps=eps)
         self.eh_proj = nn.Linear(2 * h, h, bias=False)
-        self.layers = [layer(self.args, layer_idx=self.args.num_hidden_layers)]  # an MoE layer, as stored
+        self.layers = [self.family.block(self.args)]
         self.shared_norm = nn.RMSNorm(h, eps=eps)
 
     def __call__(self, embeddings: mx.array, hidden: mx.array, cache: list) -> mx.array:
-        x = self.eh_proj(mx.concatenate([self.enorm(embeddings), self.hnorm(hidden)], -1))
-        return self.layers[0](x, mask=create_attention_mask(x, cache[0], return_array=True), cache=cache[0])
+        """The state fed back for the next draft."""
+        parts = [self.enorm(embeddings), self.hnorm(hidden)]
+        x = self.eh_proj(mx.concatenate(parts[::-1] if self.family.hidden_first else parts, -1))
+        y = self.layers[0](x, mask=create_attention_mask(x, cache[0], return_array=True), cache=cache[0])
+        return self.shared_norm(y) if self.family.feeds_normed else y
+
+    def head_input(self, state: mx.array) -> mx.array:
+        """What the target's head scores for a state `__call__` gave: its output norm."""
+        return state if self.family.feeds_normed else self.shared_norm(state)
+
+
+def target_state(config: dict) -> str:
+    """The target's state the layer of `config`'s family reads ("post" for a family not in the table)."""
+    return FAMILIES[config["model_type"]].reads if config.get("model_type") in FAMILIES else "post"
 
 
 def prefix(config: dict) -> str:
-    return f"model.layers.{config['num_hidden_layers']}."
+    return FAMILIES[config["model_type"]].prefix.format(n=config["num_hidden_layers"])
+
+
+def ours(family: Family) -> dict[str, str]:
+    """The layer's own tensors' names as published -> as NextN's parameters."""
+    return {f"{theirs}.weight": f"{mine}.weight"
+            for theirs, mine in zip(family.names, ("enorm", "hnorm", "eh_proj", "shared_norm"))}
 
 
 def read_nextn_tensors(files, config: dict) -> tuple[dict, bool]:
-    """The first nextn layer's tensors in some safetensors files (lazily), named as NextN's parameters, and
-    whether they are Hugging Face originals whose block still needs mlx-lm's conversion (`compat`)."""
+    """The first nextn layer's tensors in some safetensors files (lazily), named as published under its prefix
+    (`mlx-spec convert` output: as NextN's parameters), and whether they are Hugging Face originals whose block
+    still needs mlx-lm's conversion (`compat`)."""
     tensors, original = {}, False
     for file in files:
         weights = load_weights(file)
@@ -87,14 +136,12 @@ def build_nextn(config: dict, tensors: dict, original: bool, quantization: dict 
     """A NextN layer holding `tensors`; an original block goes through mlx-lm's own weight conversion (expert
     stacking, DeepSeek's kv_b_proj split) first."""
     nextn = NextN(config)
-    weights = dict(tensors)
+    family, weights = nextn.family, dict(tensors)
     if original:
-        block = {k: weights.pop(k) for k in list(weights) if not k.startswith(OWN)}
-        weights = {"enorm.weight": weights["enorm.weight"], "hnorm.weight": weights["hnorm.weight"],
-                   "eh_proj.weight": weights["eh_proj.weight"],
-                   "shared_norm.weight": weights["shared_head.norm.weight"],
-                   **{f"layers.0.{k}": v for k, v in compat.convert_layer(LAYERS[config["model_type"]][0],
-                                                                            nextn.args, block).items()}}
+        own = ours(family)
+        block = {k: v for k, v in weights.items() if k not in own and not k.startswith(family.copies)}
+        weights = {**{mine: weights[theirs] for theirs, mine in own.items() if theirs in weights},
+                   **{f"layers.0.{k}": v for k, v in compat.convert_layer(family.module, nextn.args, block).items()}}
     if quantization:
         nn.quantize(nextn, group_size=quantization["group_size"], bits=quantization["bits"])
     load_exactly(nextn, weights, "the nextn layer's tensors do not fit this model ({})")
