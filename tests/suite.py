@@ -4,6 +4,7 @@ shipped in tests/fixtures/, because training them takes minutes. `fixtures/manif
 file's hash and the hash of every checkpoint it was trained on, so a fixture never meets other base weights.
 
     python tests/suite.py               # retrain the fixtures into tests/fixtures/ and rewrite the manifest
+    python tests/suite.py NAME ...      # retrain these (a new recipe's) only, the others kept as shipped
     python -m pytest -m fixtures        # retrain them in a temporary folder and check they come out the same
 
 The manifest also records what each recipe makes in its first FIRST_STEPS steps, which every test run retrains
@@ -162,16 +163,19 @@ def build_suite(root: str | Path, progress: Callable[[str], None] = lambda line:
     return paths
 
 
-def train_fixtures(out: Path, progress: Callable[[str], None] = print, first_steps: bool = False) -> dict:
-    """Train every fixture into `out` (one folder each), in full or for its FIRST_STEPS only (the tokenizers in
-    full either way); returns their manifest entries, the digest of a first-steps folder as `first_steps`."""
-    entries = {}
-    for tokenizer in TOKENIZERS:
+def train_fixtures(out: Path, progress: Callable[[str], None] = print, first_steps: bool = False,
+                   only: set[str] | None = None) -> dict:
+    """Train every fixture (or those named in `only`, the shipped tokenizers used) into `out` (one folder each),
+    in full or for its FIRST_STEPS only (the tokenizers in full either way); returns their manifest entries, the
+    digest of a first-steps folder as `first_steps`."""
+    entries, tokenizers = {}, {tokenizer.name: FIXTURES / tokenizer.name for tokenizer in TOKENIZERS}
+    for tokenizer in TOKENIZERS if only is None else ():
         tokenizer.build(out / tokenizer.name)
         entries[tokenizer.name] = {"bases": {}, "digest": digest(out / tokenizer.name)}
+        tokenizers[tokenizer.name] = out / tokenizer.name
     scratch = out / ".bases"
-    paths = build_bases(scratch, {name: out / name for name in ("tokenizer", "tokenizer-other")}, progress)
-    for fixture in TRAINED:
+    paths = build_bases(scratch, tokenizers, progress)
+    for fixture in TRAINED if only is None else [f for f in TRAINED if f.name in only]:
         start = time.perf_counter()
         fixture.train(out / fixture.name, paths, FIRST_STEPS if first_steps else fixture.steps)
         entries[fixture.name] = {"bases": {base: digest(paths[base]) for base in fixture.bases},
@@ -196,15 +200,23 @@ def packages_since(built: dict) -> str:
                      if built.get(package) != version(package))
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
+    if unknown := sorted(set(names) - {f.name for f in TRAINED}):
+        raise SystemExit(f"no fixture {unknown[0]!r}: choose among {', '.join(f.name for f in TRAINED)}")
+    only = set(names) or None
     staging = FIXTURES.with_name("fixtures.new")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    if only:  # the others as shipped
+        shutil.copytree(FIXTURES, staging, ignore=lambda folder, files: [f for f in files if f in only])
+    else:
+        staging.mkdir()
     with tempfile.TemporaryDirectory() as scratch:
-        first_steps = train_fixtures(Path(scratch), first_steps=True)
-    entries = train_fixtures(staging)
+        first_steps = train_fixtures(Path(scratch), first_steps=True, only=only)
+    entries = train_fixtures(staging, only=only)
     for name, entry in first_steps.items():
         entries[name].update(entry)
+    if only:
+        entries = {**json.loads(MANIFEST.read_text())["fixtures"], **entries}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=FIXTURES.parent).stdout.strip()
     built = {"command": REBUILD, "commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
@@ -218,4 +230,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

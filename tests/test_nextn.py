@@ -1,10 +1,11 @@
-"""The nextn MTP layers of DeepSeek-V3 (MLA + MoE), GLM-4.5 (GQA + MoE), GLM-4.7-Flash (MLA + GLM's MoE) and
-MiMo-7B (Qwen2's block, Qwen3.5's equations): the layer against a NumPy transcription of each family's equations,
+"""The nextn MTP layers of DeepSeek-V3 (MLA + MoE), GLM-4.5 (GQA + MoE), GLM-4.7-Flash (MLA + GLM's MoE), MiMo-7B
+(Qwen2's block, Qwen3.5's equations) and K-EXAONE (Qwen3.5's names and equations, a dense global-attention block): the layer against a NumPy transcription of each family's equations,
 exact drafting with rollbacks of every cache, convert keeping and grafting the layer, refusals."""
 
 import importlib
 import json
 import shutil
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -27,25 +28,34 @@ def rms(x, w, eps=1e-6):
 
 # Each family's layer as vLLM's *_mtp.py computes it: where its tensors are ({n}: num_hidden_layers), the names of
 # its embedding norm, hidden norm, projection and output norm, whether the projection reads [hidden, embedding],
-# whether the state fed back is the output norm's (else the block's), whether it reads the target's pre-norm state.
+# whether the state fed back is the output norm's (else the block's), whether it reads the target's pre-norm state;
+# and where its block is not stored as a layer past the last, the mlx-lm layer it is and where its tensors are.
 REFERENCE = {
     "deepseek_v3": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
     "glm4_moe": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
     "glm4_moe_lite": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
     "mimo": ("model.mtp_layers.0.", ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm"),
              True, True, True),
+    "exaone_moe": ("mtp.", ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "norm"), False, True, False),
+}
+BLOCKS = {
+    "mimo": (lambda module, args: module.TransformerBlock(args), "model.mtp_layers.0."),
+    "exaone_moe": (lambda module, args: module.DecoderLayer(replace(  # a dense layer with global attention
+        args, layer_types=[*args.layer_types, "full_attention"], is_moe_layer=[*args.is_moe_layer, False]),
+        layer_idx=args.num_hidden_layers), "mtp.layers.0."),
 }
 
 
-def reference_block(path, config: dict, raw: dict, p: str, own: set[str]):
+def reference_block(path, config: dict, raw: dict, own: set[str]):
     """The layer's decoder block as mlx-lm runs it: a model one layer deeper's last layer, where the block is
-    stored as that layer (mlx-lm's own loader converts its tensors); else mlx-lm's block class of the family
-    holding the block's tensors as stored."""
+    stored as that layer (mlx-lm's own loader converts its tensors); else mlx-lm's layer (BLOCKS) holding the
+    block's tensors as stored."""
     n = config["num_hidden_layers"]
-    if p == f"model.layers.{n}.":
+    if config["model_type"] not in BLOCKS:
         return load_model(path, strict=False, model_config={"num_hidden_layers": n + 1})[0].model.layers[n]
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-    block = module.TransformerBlock(module.ModelArgs.from_dict(config))
+    make, p = BLOCKS[config["model_type"]]
+    block = make(module, module.ModelArgs.from_dict(config))
     block.load_weights([(k[len(p):], mx.array(v)) for k, v in raw.items() if k.startswith(p) and k not in own])
     return block
 
@@ -64,12 +74,11 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
     where, names, hidden_first, feeds_normed, pre = REFERENCE[family]
     p = where.format(n=n)
     embedding_norm, hidden_norm, proj, out_norm = (raw[f"{p}{name}.weight"] for name in names)
-    block = reference_block(path, config, raw, p, {f"{p}{name}.weight" for name in names})
+    block = reference_block(path, config, raw, {f"{p}{name}.weight" for name in names})
     target, _ = load_model(path)
     engine = mlx_spec.load(str(path))
     ids = engine.encode(HEAD_TEXTS[1])
-    states = _run(target, ids, n)
-    hidden = np.array(states if pre else target.model.norm(states))
+    hidden = np.array(_run(target, ids, n) if pre else target.model(mx.array(ids)[None])[0])
 
     def rows(tokens: list[int], hidden: np.ndarray) -> np.ndarray:
         parts = [rms(raw["model.embed_tokens.weight"][tokens], embedding_norm), rms(hidden, hidden_norm)]
@@ -165,7 +174,7 @@ def test_unsupported_nextn_variants_are_refused(tiny, tmp_path):
     config = json.loads((declared / "config.json").read_text())
     (declared / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
     assert_one_line_error(run_cli("generate", "--model", str(declared), "--drafter", "mtp", "--prompt", "hi"),
-                          "nextn layers of deepseek_v3, glm4_moe, glm4_moe_lite, mimo only", "'qwen3'",
+                          "nextn layers of deepseek_v3, glm4_moe, glm4_moe_lite, mimo, exaone_moe only", "'qwen3'",
                           "--drafter ngram")
     misfit = edited_copy(tiny["glm4_moe"], tmp_path / "misfit",
                          lambda w: {k: (v[:, :-1] if k.endswith(".eh_proj.weight") else v) for k, v in w.items()})

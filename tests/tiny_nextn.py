@@ -12,7 +12,7 @@ from tiny import write_checkpoint
 
 from mlx_spec.models.nextn import FAMILIES, prefix
 
-NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "mimo")
+NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe")
 MLA = ("deepseek_v3", "glm4_moe_lite")  # attention with compressed keys and values (q_a / kv_a projections)
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
        "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
@@ -40,17 +40,31 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
         return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["MiMoForCausalLM"],
                 "model_type": "mimo", "num_key_value_heads": 2, "head_dim": 16, "attention_bias": True,
                 "rope_theta": 640000.0, "rope_scaling": None, "use_sliding_window": False}
+    if family == "exaone_moe":  # K-EXAONE: sliding-window layers, then a global one; the first dense
+        kinds = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+        return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["ExaoneMoEForCausalLM"],
+                "model_type": "exaone_moe", "num_key_value_heads": 2, "head_dim": 32, "moe_intermediate_size": 32,
+                "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1, "n_group": 1, "topk_group": 1,
+                "routed_scaling_factor": 2.5, "norm_topk_prob": True, "is_moe_layer": [False] + [True] * (layers - 1),
+                "first_k_dense_replace": 1, "sliding_window": 4, "layer_types": kinds, "rope_scaling": None,
+                "sliding_windows": [4 if kind == "sliding_attention" else 0 for kind in kinds],
+                "mtp_layer_types": ["full_attention"], "dtype": "float32"}
     return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_key_value_heads": 2,
             "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True,
             "rope_scaling": None, "n_group": 1}
 
 
 def is_moe(cfg: dict, i: int) -> bool:
+    """Whether layer i (the MTP block: i = num_hidden_layers) is a mixture of experts."""
+    if "is_moe_layer" in cfg:
+        return i < len(cfg["is_moe_layer"]) and cfg["is_moe_layer"][i]
     return "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]
 
 
 def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
     """One decoder layer's tensors under the prefix `p`."""
+    if cfg["model_type"] == "exaone_moe":
+        return exaone_layer_shapes(cfg, p, moe)
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
     if cfg["model_type"] in MLA:
@@ -89,6 +103,30 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def exaone_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
+    """K-EXAONE's layer: no attention biases, q / k norms, the router's correction bias beside its gate."""
+    h, hd = cfg["hidden_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+              p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+              p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+              p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+    if not moe:
+        inter = cfg["intermediate_size"]
+        return {**shapes, p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter)}
+    inter, experts, shared = cfg["moe_intermediate_size"], cfg["num_experts"], cfg["moe_intermediate_size"]
+    shapes.update({p + "mlp.gate.weight": (experts, h), p + "mlp.e_score_correction_bias": (experts,),
+                   p + "mlp.shared_experts.gate_proj.weight": (shared, h),
+                   p + "mlp.shared_experts.up_proj.weight": (shared, h),
+                   p + "mlp.shared_experts.down_proj.weight": (h, shared)})
+    for e in range(experts):
+        shapes.update({p + f"mlp.experts.{e}.gate_proj.weight": (inter, h),
+                       p + f"mlp.experts.{e}.up_proj.weight": (inter, h),
+                       p + f"mlp.experts.{e}.down_proj.weight": (h, inter)})
+    return shapes
+
+
 def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     """Norms near 1, biases and the router's correction bias small, matrices scaled by their fan-in."""
     rng = np.random.default_rng(seed)
@@ -97,7 +135,7 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     for i in range(n):
         shapes.update(layer_shapes(cfg, f"model.layers.{i}.", moe=is_moe(cfg, i)))
     family, p = FAMILIES[cfg["model_type"]], prefix(cfg)
-    shapes.update(layer_shapes(cfg, p, moe=is_moe(cfg, n)))
+    shapes.update(layer_shapes(cfg, p + family.block_prefix, moe=is_moe(cfg, n)))
     embedding, hidden, proj, out = family.names
     shapes.update({f"{p}{embedding}.weight": (h,), f"{p}{hidden}.weight": (h,), f"{p}{proj}.weight": (h, 2 * h),
                    f"{p}{out}.weight": (h,)})

@@ -20,7 +20,7 @@ class DrafterKind:
 
 DRAFTERS = {kind.name: kind for kind in [
     DrafterKind("mtp", "the checkpoint's own multi-token prediction layer (Qwen 3.5 / 3.6, Qwen3-Next, DeepSeek-V3, "
-                       "GLM-4.5+, GLM-4.7-Flash, MiMo)", 3, ("qwen_mtp",)),
+                       "GLM-4.5+, GLM-4.7-Flash, MiMo, K-EXAONE)", 3, ("qwen_mtp",)),
     DrafterKind("draft-model", "a smaller model of the same vocabulary, a Gemma 4 assistant, Medusa or EAGLE-3 "
                                "heads, or a DFlash / DFlash2 / DSpark block drafter (--draft-model)", 8,
                 ("gemma4_assistant", "medusa", "eagle3", "dflash", "draft_model"), trees=True),

@@ -11,18 +11,19 @@ position p and `token` the one at p + 1:
 and the state fed back for the next draft is y (DeepSeek-V3 / GLM: `feeds_normed` False) or out_norm(y) (the
 families whose equations are Qwen3.5's). `hidden` is the target's state after its final norm, but for MiMo, whose
 layer Xiaomi's own vLLM code feeds the state before it (`reads`). Only the first layer drafts where a checkpoint
-has several.
+has several. K-EXAONE stores its layer as Qwen3.5 does (`mtp.*`, the block under `mtp.layers.0.`) but declares it
+as `num_nextn_predict_layers`, with plain norms: it is read here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import deepseek_v3, glm4_moe, glm4_moe_lite, mimo
+from mlx_lm.models import deepseek_v3, exaone_moe, glm4_moe, glm4_moe_lite, mimo
 from mlx_lm.models.base import create_attention_mask
 
 from ..seams import compat
@@ -34,14 +35,15 @@ from .common import load_exactly, load_weights
 class Family:
     """How one family stores and computes its layer: mlx-lm's module for it (whose decoder layer is the block and
     whose `Model.sanitize` converts the block's tensors), the block (`block(args)`), the names of the embedding
-    norm, hidden norm, projection and output norm under `prefix` ({n}: the target's num_hidden_layers), beside the
-    block's own tensors, the copies of the target's tensors stored there (ignored), the projection's input order,
+    norm, hidden norm, projection and output norm under `prefix` ({n}: the target's num_hidden_layers), where the
+    block's own tensors are under it, the copies of the target's tensors stored there (ignored), the projection's input order,
     the state fed back and the target's state read."""
 
     module: object
     block: Callable[[object], nn.Module]
     names: tuple[str, str, str, str] = ("enorm", "hnorm", "eh_proj", "shared_head.norm")
     prefix: str = "model.layers.{n}."
+    block_prefix: str = ""  # "": the block's tensors sit beside the layer's own
     copies: tuple[str, ...] = ("shared_head.head.", "embed_tokens.")
     hidden_first: bool = False
     feeds_normed: bool = False
@@ -57,6 +59,10 @@ FAMILIES = {
     "mimo": Family(mimo, mimo.TransformerBlock,  # MiMo-7B: Qwen2's block, Qwen3.5's equations
                    ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm"), "model.mtp_layers.0.",
                    copies=(), hidden_first=True, feeds_normed=True, reads="pre"),
+    "exaone_moe": Family(exaone_moe, lambda args: exaone_moe.DecoderLayer(replace(  # K-EXAONE: a dense block with
+        args, layer_types=[*args.layer_types, "full_attention"], is_moe_layer=[*args.is_moe_layer, False]),  # global
+        layer_idx=args.num_hidden_layers), ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "norm"), "mtp.",
+        block_prefix="layers.0.", copies=(), feeds_normed=True),  # attention, Qwen3.5's names and equations
 }
 STORED = "nextn."  # the prefix of the layer's tensors in `mlx-spec convert` output (mtp.safetensors)
 
@@ -138,8 +144,9 @@ def build_nextn(config: dict, tensors: dict, original: bool, quantization: dict 
     nextn = NextN(config)
     family, weights = nextn.family, dict(tensors)
     if original:
-        own = ours(family)
-        block = {k: v for k, v in weights.items() if k not in own and not k.startswith(family.copies)}
+        own, inner = ours(family), family.block_prefix
+        block = {k[len(inner):]: v for k, v in weights.items()
+                 if k not in own and k.startswith(inner) and not k.startswith(family.copies)}
         weights = {**{mine: weights[theirs] for theirs, mine in own.items() if theirs in weights},
                    **{f"layers.0.{k}": v for k, v in compat.convert_layer(family.module, nextn.args, block).items()}}
     if quantization:
