@@ -260,6 +260,9 @@ MUTANTS = [
     Mutant("MiMo's MTP layer reads the target's post-norm state", "mlx_spec/models/nextn.py",
            "feeds_normed=True, reads=\"pre\")", "feeds_normed=True, reads=\"post\")",
            ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[mimo]",)),
+    Mutant("K-EXAONE's MTP layer feeds back its block's output, not its output norm's", "mlx_spec/models/nextn.py",
+           "block_prefix=\"layers.0.\", copies=(), feeds_normed=True)", "block_prefix=\"layers.0.\", copies=())",
+           ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[exaone_moe]",)),
 ]
 
 
