@@ -123,3 +123,22 @@ def test_bad_responses_requests_get_400s_naming_the_field(api, body, fragment, p
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert fragment in error["message"] and error["param"] == param and "\n" not in error["message"]
+
+
+def test_a_stored_conversation_goes_on_without_its_instructions_and_calls_can_be_required(api, tool_model):  # noqa: F811
+    """previous_response_id carries the conversation, not the instructions (as OpenAI does): the answer is plain
+    decoding's for the conversation without its system message. tool_choice "required" makes a call where the
+    model would have said hello, its arguments valid for the tool."""
+    client, model, _ = api
+    first = client.responses.create(model=model, instructions="Be brief.", input=HELLO[0]["content"],
+                                    max_output_tokens=20)
+    second = client.responses.create(model=model, previous_response_id=first.id, input="Say hello again.",
+                                     max_output_tokens=20)
+    said = [*HELLO, {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "Say hello again."}]
+    assert second.output_text == plain_text(tool_model[0], chat_ids(tool_model[0], said), 20)
+    forced = client.responses.create(model=model, input=HELLO[0]["content"], tools=FUNCTIONS, tool_choice="required",
+                                     max_output_tokens=128)
+    schemas = {tool["name"]: tool["parameters"] for tool in FUNCTIONS}
+    assert forced.status == "completed" and calls_in(forced)
+    for name, arguments in calls_in(forced):
+        jsonschema.validate(arguments, schemas[name])
