@@ -280,30 +280,38 @@ class Server:
         return JSONResponse(anthropic.message(done, content, calls, self.model_id, stop, usage(done)))
 
     async def anthropic_events(self, job: Job):
-        stream, calls, made = anthropic.EventStream(self.model_id, job.prompt_tokens), self.tool_calls(job), []
-
-        def shown(pieces: list) -> str:
-            made.extend(p for p in pieces if isinstance(p, dict))
-            return "".join(stream.call(p) if isinstance(p, dict) else stream.text(p) for p in pieces)
-
+        stream, made = anthropic.EventStream(self.model_id, job.prompt_tokens), []
         try:
             yield stream.start()
-            while True:
-                event = await job.events.get()
-                if isinstance(event, Done) and event.stop_reason == "stopped":
-                    event = self.stopped(job)
-                if isinstance(event, APIError):
-                    yield anthropic.event("error", error=anthropic.error_body(event)["error"])
+            async for pieces, end in self.pieces(job):
+                if isinstance(end, APIError):
+                    yield anthropic.event("error", error=anthropic.error_body(end)["error"])
                     break
-                if isinstance(event, (Token, Text)) and event.text:
-                    yield shown(calls.feed(event.text) if calls else [event.text])
-                elif isinstance(event, Done):
-                    yield shown(calls.close() if calls else [])
-                    stop = anthropic.stop_of(event, made, self.generator.default.tokenizer, job.stop)
-                    yield stream.end(event, stop, usage(event))
-                    break
+                made.extend(p for p in pieces if isinstance(p, dict))
+                yield shown(stream, pieces)
+                if end is not None:
+                    stop = anthropic.stop_of(end, made, self.generator.default.tokenizer, job.stop)
+                    yield stream.end(end, stop, usage(end))
         finally:
             job.cancelled = True
+
+    async def pieces(self, job: Job):
+        """A job's answer as the streams of /v1/messages and /v1/responses show it: (its text pieces and whole
+        tool calls, in order; None) as they come, then (the pieces its end releases; its Done, or the APIError
+        it ended with)."""
+        calls = self.tool_calls(job)
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Done) and event.stop_reason == "stopped":
+                event = self.stopped(job)
+            if isinstance(event, APIError):
+                yield [], event
+                return
+            if isinstance(event, (Token, Text)) and event.text:
+                yield (calls.feed(event.text) if calls else [event.text]), None
+            elif isinstance(event, Done):
+                yield (calls.close() if calls else []), event
+                return
 
     async def responses(self, request: Request):
         """OpenAI's Responses API (responses.py) on the chat route's parsing and generation."""
@@ -342,28 +350,18 @@ class Server:
         return JSONResponse(self.stored.get(rid)[0])
 
     async def response_events(self, job: Job, started: dict, conversation: list[dict]):
-        stream, calls = responses.EventStream(started), self.tool_calls(job)
-
-        def shown(pieces: list) -> str:
-            return "".join(stream.call(p) if isinstance(p, dict) else stream.text(p) for p in pieces)
-
+        stream = responses.EventStream(started)
         try:
             yield stream.start()
-            while True:
-                event = await job.events.get()
-                if isinstance(event, Done) and event.stop_reason == "stopped":
-                    event = self.stopped(job)
-                if isinstance(event, APIError):
-                    yield stream.error(event)
+            async for pieces, end in self.pieces(job):
+                if isinstance(end, APIError):
+                    yield stream.error(end)
                     break
-                if isinstance(event, (Token, Text)) and event.text:
-                    yield shown(calls.feed(event.text) if calls else [event.text])
-                elif isinstance(event, Done):
-                    yield shown(calls.close() if calls else [])
-                    events, response = stream.end(event, usage(event))
+                yield shown(stream, pieces)
+                if end is not None:
+                    events, response = stream.end(end, usage(end))
                     self.keep(response, conversation)
                     yield events
-                    break
         finally:
             job.cancelled = True
 
@@ -422,6 +420,11 @@ class Server:
             yield "data: [DONE]\n\n"
         finally:
             job.cancelled = True  # a client that went away stops its generation at the next round
+
+
+def shown(stream, pieces: list) -> str:
+    """Text pieces and tool calls as the events of `stream` (anthropic.EventStream, responses.EventStream)."""
+    return "".join(stream.call(p) if isinstance(p, dict) else stream.text(p) for p in pieces)
 
 
 def check_port(host: str, port: int) -> None:
