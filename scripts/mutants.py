@@ -4,7 +4,7 @@ the run). Every mutant must make them fail. They cover verification (dense-q and
 sampling and penalties, rollback (sliding windows, trees, quantized KV, Gated DeltaNet states), the draft model's
 cache alone and in a batch, the drafting helpers, n-gram, suffix and lookahead drafting, MTP and nextn layers,
 Medusa, EAGLE-3 and Gemma 4 drafters, block drafters (alone, in a batch) and their training, ragged batches
-(per-row keys, rows joining), the prompt cache (drafter state taken back), the draft-length policy's off state,
+(per-row keys, rows joining), the prompt cache (drafter state taken back), the draft-length policy's off state and its stops where a draft model is unsure,
 request parsing, convert, constrained output and its forced drafts, predicted outputs, distributed batches and
 the Responses API.
 
@@ -263,6 +263,20 @@ MUTANTS = [
     Mutant("K-EXAONE's MTP layer feeds back its block's output, not its output norm's", "mlx_spec/models/nextn.py",
            "block_prefix=\"layers.0.\", copies=(), feeds_normed=True)", "block_prefix=\"layers.0.\", copies=())",
            ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[exaone_moe]",)),
+    Mutant("the policy never stops a draft model's chain where it is unsure", "mlx_spec/policy/sequence.py",
+           "        go_on = passed * chain.cost(j) >= expected * (chain.cost(j + 1) - chain.cost(j))",
+           "        go_on = True",
+           ("tests/test_policy_kinds.py::test_the_default_never_loses_to_plain_decoding_on_any_kind_of_work",)),
+    Mutant("a lone drafter drafts on after the policy said stop", "mlx_spec/drafters/protocol.py",
+           "            if not go_on(confidence):\n                break", "            go_on(confidence)",
+           ("tests/test_draft_stops.py::test_a_draft_model_stops_its_chain_where_it_is_unsure",)),
+    Mutant("a batch's draft model drafts a row on after the policy said stop", "mlx_spec/drafters/protocol.py",
+           "lengths[row] = k if go_on(confidence[row]) else j + 1", "lengths[row] = k",
+           ("tests/test_draft_stops.py::test_a_draft_model_stops_its_chain_where_it_is_unsure",)),
+    Mutant("a stopped chain's probabilities are read at the wrong draft", "mlx_spec/drafters/protocol.py",
+           "            confidence.append(chances[0, tokens[-1][0]].item())",
+           "            confidence.append(chances[0, tokens[0][0]].item())",
+           ("tests/test_draft_stops.py::test_a_draft_model_stops_its_chain_where_it_is_unsure",)),
 ]
 
 

@@ -39,6 +39,20 @@ def test_bench_runs_and_reports(tiny, tmp_path):
     assert len([e for e in svg.iter() if e.tag.endswith("rect")]) >= 8 * 3
 
 
+def test_the_work_suite_reports_each_kind_of_work(tiny, tmp_path):
+    """`--suite work`: nine kinds of chat work, three prompts each, every one through the model's chat template, a
+    row per kind."""
+    report_path = tmp_path / "report.json"
+    proc = run_cli("bench", "--model", str(tiny["qwen3"]), "--suite", "work", "--drafters", "ngram",
+                   "--max-tokens", "4", "--json", str(report_path))
+    assert proc.returncode == 0, proc.stderr
+    kinds = {"writing", "rewriting", "translation", "short QA", "passage QA", "summarization", "math", "code", "chat"}
+    report = json.loads(report_path.read_text())
+    assert set(report["categories"]) == kinds | {"overall"}
+    assert report["greedy_identical"] == {"outputs": 27, "differing": []}
+    assert all(f"{kind:14s} plain" in proc.stdout for kind in kinds)
+
+
 def test_bench_reports_trees(tiny, tmp_path):
     """A tree's nodes per round, its accepted path and its acceptance at each depth."""
     prompts = tmp_path / "p.jsonl"

@@ -92,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(ben)
     ben.add_argument("--drafters", help="comma-separated drafters to compare with plain decoding "
                                         "(default: every one available for the model but suffix)")
-    ben.add_argument("--suite", choices=["spec", "quick"], help="built-in prompt suite (default: spec; "
-                     "for the demo model, held-out code prompts from its training report)")
+    ben.add_argument("--suite", choices=["spec", "quick", "work"], help="built-in prompt suite (default: spec; "
+                     "for the demo model, held-out code prompts from its training report; work: nine kinds of "
+                     "chat work, from writing and translation to code, three prompts each)")
     ben.add_argument("--prompts", help="JSONL file of {\"prompt\" or \"messages\", \"category\", \"temperature\"}")
     ben.add_argument("--max-tokens", type=int, default=128)
     ben.add_argument("--reps", type=int, default=1, help="repetitions of every prompt and contender")

@@ -4,6 +4,7 @@ the tools it may call, through the model's chat template unless `raw` or the mod
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..seams.errors import SpecError
 from ..seams.files import read_lines
@@ -143,14 +144,19 @@ SUITES = {
     },
 }
 SUITES["quick"] = {name: (temp, prompts[:1]) for name, (temp, prompts) in SUITES["spec"].items()}
+# The kinds of work a chat sees, three prompts each, written for mlx-spec: open writing, rewriting, translation,
+# short factual questions, questions over a given passage, summaries, math word problems, code, multi-turn chat.
+WORK = Path(__file__).with_name("work.jsonl")
 
 
 def load_prompts(suite: str | None, prompts_file: str | None) -> dict:
     """{category: (temperature, [prompt or messages])} from a built-in suite or a JSONL file whose lines hold
     a "prompt" or "messages", an optional "category" and "temperature"."""
+    if prompts_file is None and suite == "work":
+        prompts_file = str(WORK)
     if prompts_file is None:
         if (suite or "spec") not in SUITES:
-            raise SpecError(f"unknown suite {suite!r}: choose one of {', '.join(SUITES)}")
+            raise SpecError(f"unknown suite {suite!r}: choose one of {', '.join([*SUITES, 'work'])}")
         return SUITES[suite or "spec"]
     categories: dict = {}
     for number, line in enumerate(read_lines(prompts_file, "a JSONL file of prompts"), start=1):

@@ -243,6 +243,8 @@ class RoundLoop:
         drafts = [Draft.empty() for _ in rows]
         if self.drafters:
             self.drafters.constrain([row.job.grammar for row in rows])  # chains that follow the grammar
+            self.drafters.stop_by(plan.policy.go_on if plan.alone and plan.policy.cuts and rows[0].job.draft_len
+                                  is None and not predicted[0] else None)  # a lone chain, where it is unsure
             drafts = self.drafters.propose([row.context for row in rows], [0 if own else k for k, own in zip(
                 plan.lengths, predicted)], [row.job.params for row in rows], plan.draft_keys)
         if plan.policy.cuts:  # a chain shortened by the drafter's own estimates

@@ -82,7 +82,7 @@ class DraftModelDrafter(Drafter):
         first_logits = self._logits(context[self.runner.offset:])
         if self.width == 1:
             return draft_autoregressively(first_logits, self._logits, k, params, context, key,  # the last is not fed
-                                          self.constrain)
+                                          self.constrain, self.go_on)
         self.tree = self._expand(first_logits, k, len(context))
         return self.tree
 
@@ -180,12 +180,13 @@ class BatchedDraftModel(BatchDrafter):
         self.batch.mark()
         logits = self.batch.forward(mx.array(inputs), [len(t) for t in tails])
         logits = fit_vocabulary(logits[mx.arange(len(tails)), mx.array([len(t) - 1 for t in tails])], self.vocab_size)
-        self.fed, self.lengths = [len(t) for t in tails], lengths
 
         def next_logits(column: mx.array) -> mx.array:
             return fit_vocabulary(self.batch.forward(column[:, None], [1] * len(tails))[:, 0], self.vocab_size)
 
-        return draft_batch(logits, next_logits, contexts, lengths, params, keys, self.constraints)
+        drafts = draft_batch(logits, next_logits, contexts, lengths, params, keys, self.constraints, self.go_on)
+        self.fed, self.lengths = [len(t) for t in tails], [d.tokens.shape[0] for d in drafts]
+        return drafts
 
     def accept(self, contexts: list[list[int]], accepted: list[int], hidden=None, tree_logits=None) -> None:
         """Keep each row's fed tail and its accepted drafts that were fed (the round's last draft never is; a

@@ -80,7 +80,8 @@ class AssistantDrafter(Drafter):
             return Draft.empty()
         self.kv, self.position, self.hidden = self.shared_kv(), len(context) - 1, self.last_hidden[None]
         first_logits = self._step(mx.array(context[-1:], dtype=mx.int32))
-        return draft_autoregressively(first_logits, self._step, k, params, context, key, self.constrain)
+        return draft_autoregressively(first_logits, self._step, k, params, context, key, self.constrain,
+                                      self.go_on)
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         self.last_hidden = step.hidden[-1:]  # at the last accepted position, whose logits gave context[-1]
@@ -121,7 +122,7 @@ class BatchedAssistant(LastHiddenRows):
             return logits[:, 0]
 
         first = next_logits(mx.array([context[-1] for context in contexts], dtype=mx.int32))
-        return draft_batch(first, next_logits, contexts, lengths, params, keys, self.constraints)
+        return draft_batch(first, next_logits, contexts, lengths, params, keys, self.constraints, self.go_on)
 
 
 def mismatch(assistant_cfg: dict, target_cfg: dict) -> str | None:

@@ -41,6 +41,8 @@ class Drafter:
     # hidden states chunk by chunk while the target prefills (its `begin` then gets none)
     constrain: Callable[[mx.array, list[int]], mx.array] | None = None  # set by the engine for a constrained
     # generation: (logits, drafts so far) -> the logits masked by what the grammar allows next
+    go_on: Callable[[list[float]], bool] | None = None  # set by the round loop where its policy stops a chain
+    # by the drafter's confidence (`DraftPolicy.go_on`), for drafters that draft one token at a time
     outlook: list[float] | None = None  # its estimate of each draft of its next chain passing (n-gram)
     trees: bool = False  # it drafts token trees whatever its width (lookahead's)
     weights = None  # a module of weights of its own, and caches of its own, for the memory report
@@ -130,6 +132,13 @@ class BatchDrafter:
         """The next rounds' token trees are `width` wide (1: chains), at most the width the drafter was loaded
         with."""
 
+    go_on: Callable[[list[float]], bool] | None = None  # `stop_by`'s
+
+    def stop_by(self, go_on: Callable[[list[float]], bool] | None) -> None:
+        """A lone row's policy's rule for stopping its chain by the drafter's confidence (`DraftPolicy.go_on`;
+        None: drafts as long as asked), for drafters that draft one token at a time."""
+        self.go_on = go_on
+
 
 def grammar_mask(grammar) -> Callable[[mx.array, list[int]], mx.array] | None:
     """A `Drafter.constrain` for `grammar` (None: none): logits masked by what it allows after the drafts."""
@@ -161,6 +170,9 @@ class OneDrafter(BatchDrafter):
 
     def set_width(self, width: int) -> None:
         self.drafter.width = width
+
+    def stop_by(self, go_on: Callable[[list[float]], bool] | None) -> None:
+        self.drafter.go_on = go_on
 
 
 @dataclass
@@ -240,6 +252,10 @@ class RowDrafters(BatchDrafter):
         for drafter in self.rows:
             drafter.width = width
 
+    def stop_by(self, go_on: Callable[[list[float]], bool] | None) -> None:
+        for drafter in self.rows:
+            drafter.go_on = go_on
+
 
 class LastHiddenRows(BatchDrafter):
     """For drafters that draft a batch from each row's last verified hidden state (Medusa heads, Gemma 4
@@ -266,11 +282,14 @@ class LastHiddenRows(BatchDrafter):
 
 def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.array], mx.array], k: int,
                            params: SamplingParams, context: list[int], key: mx.array,
-                           constrain: Callable[[mx.array, list[int]], mx.array] | None = None) -> Draft:
-    """k tokens from a model that drafts one at a time: `first_logits` (1, V) scores the first, and
+                           constrain: Callable[[mx.array, list[int]], mx.array] | None = None,
+                           go_on: Callable[[list[float]], bool] | None = None) -> Draft:
+    """Up to k tokens from a model that drafts one at a time: `first_logits` (1, V) scores the first, and
     `next_logits(token)` feeds a drafted token and scores the one after it. Lazy: no host synchronisation, but
-    with `constrain` (the Drafter's), which masks each step's logits by the drafts before it (read to the host)."""
-    tokens, dists, logits, drafted_ids = [], [], first_logits, []
+    with `constrain` (the Drafter's), which masks each step's logits by the drafts before it (read to the host),
+    and with `go_on` (the Drafter's), asked after each draft, given the drafter's probability of each draft so far
+    (read to the host), whether to draft another."""
+    tokens, dists, logits, drafted_ids, confidence = [], [], first_logits, [], []
     for i, step_key in enumerate(mx.random.split(key, k)):
         if constrain is not None:
             logits = constrain(logits, drafted_ids)
@@ -283,6 +302,11 @@ def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.arr
         mx.async_eval(tokens[-1])  # start computing while the next step's graph is built
         if constrain is not None:
             drafted_ids.append(tokens[-1].item())
+        if go_on is not None and i < k - 1:
+            chances = dists[-1] if dists else mx.softmax(logits.astype(mx.float32), axis=-1)
+            confidence.append(chances[0, tokens[-1][0]].item())
+            if not go_on(confidence):
+                break
         if i < k - 1:
             logits = next_logits(tokens[-1])
     return Draft(mx.concatenate(tokens).astype(mx.int32), mx.concatenate(dists) if dists else None)
@@ -290,12 +314,15 @@ def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.arr
 
 def draft_batch(logits: mx.array, next_logits: Callable[[mx.array], mx.array], contexts: list[list[int]],
                 lengths: list[int], params: list[SamplingParams], keys: list[mx.array],
-                constraints: list | None = None) -> list[Draft]:
-    """Row i's chain of lengths[i] tokens from a model that drafts one step for a whole batch at a time, each row
-    as `draft_autoregressively` drafts alone (its own sampling settings and keys, its grammar's mask from
-    `constraints`: `BatchDrafter.constraints`): `logits` (B, V) scores every row's first draft, `next_logits(column)`
-    feeds each row's newest token (B,) (0 for a row that is done) and scores the next. Lazy, but for rows under a
-    grammar, whose drafts are read to the host step by step."""
+                constraints: list | None = None, go_on: Callable[[list[float]], bool] | None = None) -> list[Draft]:
+    """Row i's chain of up to lengths[i] tokens from a model that drafts one step for a whole batch at a time,
+    each row as `draft_autoregressively` drafts alone (its own sampling settings and keys, its grammar's mask from
+    `constraints`: `BatchDrafter.constraints`, its chain stopped where `go_on` says, given the row's drafts'
+    probabilities): `logits` (B, V) scores every row's first draft, `next_logits(column)` feeds each row's newest
+    token (B,) (0 for a row that is done) and scores the next. Lazy, but for rows under a grammar, whose drafts
+    are read to the host step by step, and with `go_on`. A chain's length is its Draft's; the steps fed are the
+    longest's, less one."""
+    lengths, confidence = list(lengths), [[] for _ in contexts]
     longest = max(lengths)
     tokens, dists, drafted_ids = [[] for _ in contexts], [[] for _ in contexts], [[] for _ in contexts]
     step_keys = [mx.random.split(key, k) if k else None for key, k in zip(keys, lengths)]
@@ -313,9 +340,14 @@ def draft_batch(logits: mx.array, next_logits: Callable[[mx.array], mx.array], c
                     tokens[row].append(sample(dists[row][-1], step_keys[row][j]))
                 if mask is not None:
                     drafted_ids[row].append(tokens[row][-1].item())
+                if go_on is not None and j < k - 1:
+                    chances = dists[row][-1] if dists[row] else mx.softmax(scores.astype(mx.float32), axis=-1)
+                    confidence[row].append(chances[0, tokens[row][-1][0]].item())
+                    lengths[row] = k if go_on(confidence[row]) else j + 1
             column.append(tokens[row][-1] if j < k else mx.zeros((1,), dtype=mx.int32))
-        if j < longest - 1:
-            logits = next_logits(mx.concatenate(column).astype(mx.int32))
+        if j >= max(lengths) - 1:
+            break
+        logits = next_logits(mx.concatenate(column).astype(mx.int32))
     return [Draft(mx.concatenate(t).astype(mx.int32), mx.concatenate(d) if d else None) if t else Draft.empty()
             for t, d in zip(tokens, dists)]
 

@@ -128,7 +128,8 @@ class MTPDrafter(Drafter):
         self._catch_up()
         if self.next_logits is None:
             return Draft.empty()
-        return draft_autoregressively(self.next_logits, self._draft_step, k, params, context, key, self.constrain)
+        return draft_autoregressively(self.next_logits, self._draft_step, k, params, context, key, self.constrain,
+                                      self.go_on)
 
     def accept(self, context: list[int], accepted: int, step: Step) -> None:
         if self.draft_rows:
@@ -217,7 +218,7 @@ class BatchedMTP(BatchDrafter):
             return self.head(hidden)
 
         return draft_batch(self.head(hidden), next_logits, contexts, lengths, params, keys,
-                           self.constraints)
+                           self.constraints, self.go_on)
 
     def accept(self, contexts: list[list[int]], accepted: list[int], hidden: mx.array, tree_logits=None) -> None:
         """Drop the draft steps' rows; each row's accepted drafts and the target's next token wait for rows

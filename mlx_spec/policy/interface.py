@@ -30,6 +30,11 @@ class DraftPolicy:
         where it `cuts`: reading the estimates waits for them)."""
         return len(confidence)
 
+    def go_on(self, confidence: list[float]) -> bool:
+        """Whether a drafter that drafts one token at a time drafts one more after drafts whose chances of passing
+        it estimates at `confidence` (its own probability of each; asked only where it `cuts`)."""
+        return True
+
     def drafts_at(self, rows: int) -> bool:
         """Whether a sequence starting among `rows` rows is worth readying to draft (the drafter's prompt work)."""
         raise NotImplementedError

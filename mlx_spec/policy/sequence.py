@@ -18,6 +18,9 @@ policy, so a run starts at the length that paid last time. Its `note` says what 
 drafter that estimates each draft's acceptance (DSpark's confidence head) has its chain cut to the most profitable
 length under the same costs (`cut`); one that says before a round what it expects of its next chain (n-gram's
 `outlook`) has that expectation weighed instead of the acceptance by position, and probes only to re-time the cost.
+One that drafts a token at a time with its own probability of each (a draft model, an MTP layer, a Gemma 4
+assistant) stops its chain where one more draft would not pay at those chances (`go_on`), so a length chosen on
+predictable text costs little where the text is not.
 """
 
 from __future__ import annotations
@@ -216,6 +219,7 @@ class AdaptiveDraftLength(DraftPolicy):
         self.calibration: list[float] | None = None  # from a profile: plain steps inferred from the first rounds
         self.outlook: list[float] | None = None  # the drafter's, at the last round decided (None: it has none)
         self.drafted_at = -LONG_AGO  # the last round that drafted
+        self.stopped = 0  # chains stopped where the drafter was unsure (`go_on`)
         self.draft_len, self.width, self.widest = max_len, widths[0], widths[-1]
         self.note = f"adaptive draft length, up to {max_len}" + (f", chains or trees of width {widths[-1]}"
                                                                   if len(widths) > 1 else "")
@@ -372,6 +376,8 @@ class AdaptiveDraftLength(DraftPolicy):
             lines.append(f"  acceptance by position {' '.join(f'{a:.0%}' for a in shape.acceptance)}; a round costs "
                          + ", ".join(f"k={k} {c:.2f}" for k, c in sorted(shape.costs.items()))
                          + f" plain steps ({self.plain_time * 1000:.0f} ms) at contexts {band_range(self.band)}")
+            if self.stopped and w == min(self.shapes):
+                lines.append(f"  {self.stopped} chains stopped where the drafter was unsure of its next draft")
             if self.outlook is not None and w == min(self.shapes):
                 lines.append("  the drafter expects of its next chain, by position: "
                              + (" ".join(f"{a:.0%}" for a in self.outlook[: self.max_len]) or "no draft"))
@@ -389,6 +395,23 @@ class AdaptiveDraftLength(DraftPolicy):
             expected += passed
             rates[k] = expected / chain.cost(k)
         return max(rates, key=rates.__getitem__)
+
+    def go_on(self, confidence: list[float]) -> bool:
+        """Whether to draft one more after drafts whose chances of passing the drafter estimates at `confidence`
+        (a draft model's probability of each of its drafts): while the next draft, were it sure to pass, adds
+        tokens at a better rate than the round so far makes them under this run's costs (P_j / (T(j + 1) - T(j))
+        against E_j / T(j), P_j the chance drafts 1..j all pass, E_j the round's expected tokens)."""
+        chain = self.shapes[min(self.shapes)]
+        if chain.slope is None:
+            return True
+        passed, expected = 1.0, 1.0
+        for chance in confidence:
+            passed *= chance
+            expected += passed
+        j = len(confidence)
+        go_on = passed * chain.cost(j) >= expected * (chain.cost(j + 1) - chain.cost(j))
+        self.stopped += not go_on
+        return go_on
 
     def drafts_at(self, rows: int = 1) -> bool:
         """Whether the next sequence is worth readying to draft (its drafter's work on the prompt): yes until the

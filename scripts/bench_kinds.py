@@ -1,0 +1,121 @@
+"""The default against plain decoding on every kind of work (`mlx-spec bench --suite work`), on real weights, as
+a chat meets them: each kind's prompts in turn, each a command that starts from the profile the commands before
+it kept, the first from one learnt on code.
+
+    python scripts/bench_kinds.py draft-1.5b --tokens 48 [--kinds writing,translation] [--temp 0.7]
+
+For one target and drafter (scripts/bench_policy.py's PAIRS), interleaved in one process after an untimed pass
+over the code prompts (compilation; the adaptive contenders' profiles learnt there): plain decoding, the default
+(the adaptive policy, a draft model's chains stopped where it is unsure: `AdaptiveDraftLength.go_on`) and the
+default without those stops (the policy before them), each adaptive contender going on from the profile its own
+runs kept, in memory. Prints per kind each contender's median decode tok/s over its prompts and its ratio to
+plain decoding per prompt (the worst and the median), overall, whether greedy outputs equal plain decoding's, and
+the machine's load. Every run's tok/s goes out as a raw-timings line (scripts/timings.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx_spec  # noqa: F401  first, before mlx: it points MLX at the system OpenBLAS on Linux
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import real_models  # noqa: E402
+from bench_policy import PAIRS  # noqa: E402
+from timings import raw_line, verdict  # noqa: E402
+
+from mlx_spec.commands.bench import Neighbours  # noqa: E402
+from mlx_spec.core.events import Token  # noqa: E402
+from mlx_spec.core.prompts import load_prompts, render_prompt  # noqa: E402
+from mlx_spec.seams import linux_blas  # noqa: E402
+
+CONTENDERS = ("plain", "default", "without stops")
+
+
+def run(engine, ids: list[int], tokens: int, sampling: dict) -> tuple[float, list[int]]:
+    """Decode tok/s (from the first token, as `mlx-spec bench` counts) and the tokens of one generation."""
+    out, start = [], None
+    for event in mlx_spec.stream(engine, ids, max_tokens=tokens, **sampling):
+        if isinstance(event, Token):
+            out.append(event.id)
+            start = start or time.perf_counter()
+    return (len(out) - 1) / (time.perf_counter() - start), out
+
+
+def contend(engine, name: str, learnt: dict, ids: list[int], tokens: int, sampling: dict) -> tuple[float, list]:
+    """One command of contender `name`, from (and keeping) its own profile in `learnt`."""
+    engine.learnt = learnt.get(name)
+    engine.pin(0 if name == "plain" else None)
+    if name == "without stops":
+        engine.next_policy.go_on = lambda confidence: True
+    speed, out = run(engine, ids, tokens, sampling)
+    learnt[name] = engine.learnt
+    return speed, out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pair", choices=sorted(PAIRS))
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--kinds", default="", help="comma-separated kinds of the suite (default: every one)")
+    parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    args = parser.parse_args()
+    os.environ["MLX_SPEC_POLICY_PROFILES"] = ""  # profiles kept in memory only: nothing of the user's read or written
+    target, drafter = PAIRS[args.pair]
+    [target_dir] = real_models.converted("bench_kinds.py", target)
+    drafter = {key: str(real_models.converted("bench_kinds.py", value)[0]) if key == "draft_model" else value
+               for key, value in drafter.items()}
+    engine = mlx_spec.load(str(target_dir), **drafter)
+    engine.tokenizer.eos_token_ids = []  # every contender makes exactly --tokens
+    kinds = load_prompts("work", None)
+    chosen = [kind for kind in args.kinds.split(",") if kind] or list(kinds)
+    sampling = {"temperature": args.temp, "top_p": 0.9} if args.temp else {}
+    what = ", ".join(f"{key} {Path(value).name}" for key, value in drafter.items())
+    print(f"{args.pair}: {target_dir.name}, {what}; float32, BLAS: {linux_blas.describe()}; {args.tokens} tokens, "
+          f"{'T=%g, top-p 0.9' % args.temp if sampling else 'greedy'}, one run per prompt and contender, interleaved, "
+          "each adaptive contender from the profile its runs kept (the first learnt on code, untimed)", flush=True)
+    learnt, same, speeds, plain_runs = {}, True, {}, []
+    for chat in kinds["code"][1]:  # untimed: compilation, and the profiles a chat has after code
+        ids = render_prompt(engine.tokenizer, chat)
+        for name in CONTENDERS:
+            contend(engine, name, learnt, ids, args.tokens, {**sampling, "seed": 0} if sampling else {})
+    with Neighbours() as neighbours:
+        for kind in chosen:
+            for p, chat in enumerate(kinds[kind][1]):
+                ids = render_prompt(engine.tokenizer, chat)
+                outputs = {}
+                for name in CONTENDERS:
+                    seeded = {**sampling, "seed": p} if sampling else {}
+                    speed, outputs[name] = contend(engine, name, learnt, ids, args.tokens, seeded)
+                    speeds.setdefault(kind, {}).setdefault(name, []).append(speed)
+                plain_runs.append([speeds[kind]["plain"][-1]])
+                same = same and (bool(sampling) or all(out == outputs["plain"] for out in outputs.values()))
+            print(f"{kind}: " + ", ".join(f"{name} {speeds[kind][name][-1]:.2f}" for name in CONTENDERS), flush=True)
+    print("\n| kind | plain tok/s | default / plain (median, worst prompt) | without stops / plain (median, worst) |"
+          "\n|---|---|---|---|")
+    ratios = {name: [] for name in CONTENDERS[1:]}
+    for kind, by_name in speeds.items():
+        cells = []
+        for name in CONTENDERS[1:]:
+            mine = [s / p for s, p in zip(by_name[name], by_name["plain"])]
+            ratios[name] += mine
+            cells.append(f"{statistics.median(mine):.2f}x, {min(mine):.2f}x")
+        print(f"| {kind} | {statistics.median(by_name['plain']):.2f} | " + " | ".join(cells) + " |")
+    print("| overall (geometric mean of prompts) | | " + " | ".join(
+        f"{statistics.geometric_mean(r):.2f}x, {min(r):.2f}x" for r in ratios.values()) + " |")
+    print("greedy outputs identical to plain decoding: " + ("not compared (sampled)" if sampling else
+                                                             "all" if same else "NO"))
+    for kind, by_name in speeds.items():
+        print("\n".join(raw_line(f"{name}, {kind}", "tok/s", runs) for name, runs in by_name.items()))
+    print(verdict(neighbours, plain_runs))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
