@@ -2,10 +2,10 @@
 a chat meets them: each kind's prompts in turn, each a command that starts from the profile the commands before
 it kept, the first from one learnt on code.
 
-    python scripts/bench_kinds.py draft-1.5b --tokens 48 [--kinds writing,translation] [--temp 0.7]
+    python scripts/bench_kinds.py draft-1.5b --tokens 48 [--kinds writing,translation] [--temp 0.7] [--warm 1]
 
 For one target and drafter (scripts/bench_policy.py's PAIRS), interleaved in one process after an untimed pass
-over the code prompts (compilation; the adaptive contenders' profiles learnt there): plain decoding, the default
+over the code prompts (--warm: the first few) (compilation; the adaptive contenders' profiles learnt there): plain decoding, the default
 (the adaptive policy, a draft model's chains stopped where it is unsure: `AdaptiveDraftLength.go_on`) and the
 default without those stops (the policy before them), each adaptive contender going on from the profile its own
 runs kept, in memory. Prints per kind each contender's median decode tok/s over its prompts and its ratio to
@@ -65,6 +65,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--kinds", default="", help="comma-separated kinds of the suite (default: every one)")
     parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    parser.add_argument("--warm", type=int, default=3, help="code prompts run untimed first (default: all 3)")
     args = parser.parse_args()
     os.environ["MLX_SPEC_POLICY_PROFILES"] = ""  # profiles kept in memory only: nothing of the user's read or written
     target, drafter = PAIRS[args.pair]
@@ -81,7 +82,7 @@ def main() -> int:
           f"{'T=%g, top-p 0.9' % args.temp if sampling else 'greedy'}, one run per prompt and contender, interleaved, "
           "each adaptive contender from the profile its runs kept (the first learnt on code, untimed)", flush=True)
     learnt, same, speeds, plain_runs = {}, True, {}, []
-    for chat in kinds["code"][1]:  # untimed: compilation, and the profiles a chat has after code
+    for chat in kinds["code"][1][:args.warm]:  # untimed: compilation, and the profiles a chat has after code
         ids = render_prompt(engine.tokenizer, chat)
         for name in CONTENDERS:
             contend(engine, name, learnt, ids, args.tokens, {**sampling, "seed": 0} if sampling else {})
