@@ -5,12 +5,12 @@ it kept, the first from one learnt on code.
     python scripts/bench_kinds.py draft-1.5b --tokens 48 [--kinds writing,translation] [--temp 0.7] [--warm 1]
 
 For one target and drafter (scripts/bench_policy.py's PAIRS), interleaved in one process after an untimed pass
-over the code prompts (--warm: the first few) (compilation; the adaptive contenders' profiles learnt there): plain decoding, the default
-(the adaptive policy, a draft model's chains stopped where it is unsure: `AdaptiveDraftLength.go_on`) and the
-default without those stops (the policy before them), each adaptive contender going on from the profile its own
-runs kept, in memory. Prints per kind each contender's median decode tok/s over its prompts and its ratio to
-plain decoding per prompt (the worst and the median), overall, whether greedy outputs equal plain decoding's, and
-the machine's load. Every run's tok/s goes out as a raw-timings line (scripts/timings.py).
+over the code prompts (--warm: the first few; compilation, and the adaptive contenders' profiles learnt there):
+plain decoding, the default (the adaptive policy, a draft model's chains stopped where it is unsure:
+`AdaptiveDraftLength.go_on`) and the default without those stops (the policy before them), each adaptive
+contender going on from the profile its own runs kept, in memory. Prints per kind each contender's median decode
+tok/s over its prompts and its ratio to plain decoding per prompt (the worst and the median), overall, whether
+greedy outputs equal plain decoding's, and the machine's load. Every run's tok/s goes out as a raw-timings line (scripts/timings.py).
 """
 
 from __future__ import annotations
