@@ -7,8 +7,8 @@ it kept, the first from one learnt on code.
 For one target and drafter (scripts/bench_policy.py's PAIRS), interleaved in one process after an untimed pass
 over the code prompts (--warm: the first few; compilation, and the adaptive contenders' profiles learnt there):
 plain decoding, the default (the adaptive policy, a draft model's chains stopped where it is unsure:
-`AdaptiveDraftLength.go_on`) and the default without those stops (the policy before them), each adaptive
-contender going on from the profile its own runs kept, in memory. Prints per kind each contender's median decode
+`AdaptiveDraftLength.go_on`) and, where the drafter stops its chains, the default without those stops (the policy
+before them), each adaptive contender going on from the profile its own runs kept, in memory. Prints per kind each contender's median decode
 tok/s over its prompts and its ratio to plain decoding per prompt (the worst and the median), overall, whether
 greedy outputs equal plain decoding's, and the machine's load. Every run's tok/s goes out as a raw-timings line (scripts/timings.py).
 """
@@ -81,29 +81,30 @@ def main() -> int:
     print(f"{args.pair}: {target_dir.name}, {what}; float32, BLAS: {linux_blas.describe()}; {args.tokens} tokens, "
           f"{'T=%g, top-p 0.9' % args.temp if sampling else 'greedy'}, one run per prompt and contender, interleaved, "
           "each adaptive contender from the profile its runs kept (the first learnt on code, untimed)", flush=True)
+    contenders = CONTENDERS if {"draft_model", "mtp_path"} & set(drafter) else CONTENDERS[:2]  # the rest never stop
     learnt, same, speeds, plain_runs = {}, True, {}, []
     for chat in kinds["code"][1][:args.warm]:  # untimed: compilation, and the profiles a chat has after code
         ids = render_prompt(engine.tokenizer, chat)
-        for name in CONTENDERS:
+        for name in contenders:
             contend(engine, name, learnt, ids, args.tokens, {**sampling, "seed": 0} if sampling else {})
     with Neighbours() as neighbours:
         for kind in chosen:
             for p, chat in enumerate(kinds[kind][1]):
                 ids = render_prompt(engine.tokenizer, chat)
                 outputs = {}
-                for name in CONTENDERS:
+                for name in contenders:
                     seeded = {**sampling, "seed": p} if sampling else {}
                     speed, outputs[name] = contend(engine, name, learnt, ids, args.tokens, seeded)
                     speeds.setdefault(kind, {}).setdefault(name, []).append(speed)
                 plain_runs.append([speeds[kind]["plain"][-1]])
                 same = same and (bool(sampling) or all(out == outputs["plain"] for out in outputs.values()))
-            print(f"{kind}: " + ", ".join(f"{name} {speeds[kind][name][-1]:.2f}" for name in CONTENDERS), flush=True)
-    print("\n| kind | plain tok/s | default / plain (median, worst prompt) | without stops / plain (median, worst) |"
-          "\n|---|---|---|---|")
-    ratios = {name: [] for name in CONTENDERS[1:]}
+            print(f"{kind}: " + ", ".join(f"{name} {speeds[kind][name][-1]:.2f}" for name in contenders), flush=True)
+    print("\n| kind | plain tok/s | " + " | ".join(f"{name} / plain (median, worst prompt)" for name in contenders[1:])
+          + " |\n|---|---|" + "---|" * len(contenders[1:]))
+    ratios = {name: [] for name in contenders[1:]}
     for kind, by_name in speeds.items():
         cells = []
-        for name in CONTENDERS[1:]:
+        for name in contenders[1:]:
             mine = [s / p for s, p in zip(by_name[name], by_name["plain"])]
             ratios[name] += mine
             cells.append(f"{statistics.median(mine):.2f}x, {min(mine):.2f}x")
