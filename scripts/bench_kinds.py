@@ -3,14 +3,18 @@ a chat meets them: each kind's prompts in turn, each a command that starts from 
 it kept, the first from one learnt on code.
 
     python scripts/bench_kinds.py draft-1.5b --tokens 48 [--kinds writing,translation] [--temp 0.7] [--warm 1]
+                                             [--rows 3]   # batches of 3 rows, each a different kind
 
 For one target and drafter (scripts/bench_policy.py's PAIRS), interleaved in one process after an untimed pass
 over the code prompts (--warm: the first few; compilation, and the adaptive contenders' profiles learnt there):
 plain decoding, the default (the adaptive policy, a draft model's chains stopped where it is unsure:
-`AdaptiveDraftLength.go_on`) and, where the drafter stops its chains, the default without those stops (the policy
-before them), each adaptive contender going on from the profile its own runs kept, in memory. Prints per kind each contender's median decode
-tok/s over its prompts and its ratio to plain decoding per prompt (the worst and the median), overall, whether
-greedy outputs equal plain decoding's, and the machine's load. Every run's tok/s goes out as a raw-timings line (scripts/timings.py).
+`DraftPolicy.go_on`) and, where the drafter stops its chains, the default without those stops (the policy before
+them), each adaptive contender going on from the profile (and batch policy) its own runs kept, in memory. With
+--rows N, the chosen kinds go N at a time into batches (`Engine.stream_many`, as a server decodes a burst of
+requests), a row per kind, its p-th prompt, plain decoding being the same batch with every row pinned to 0.
+Prints per kind (or batch) each contender's median decode tok/s and its ratio to plain decoding per prompt (or
+batch; the worst and the median), overall, whether greedy outputs equal plain decoding's, and the machine's load.
+Every run's tok/s goes out as a raw-timings line (scripts/timings.py).
 """
 
 from __future__ import annotations
@@ -33,30 +37,44 @@ from timings import raw_line, verdict  # noqa: E402
 from mlx_spec.commands.bench import Neighbours  # noqa: E402
 from mlx_spec.core.events import Token  # noqa: E402
 from mlx_spec.core.prompts import load_prompts, render_prompt  # noqa: E402
+from mlx_spec.core.sampling import SamplingParams  # noqa: E402
+from mlx_spec.decode.rounds import Job  # noqa: E402
+from mlx_spec.policy.batch import BatchDraftLength  # noqa: E402
 from mlx_spec.seams import linux_blas  # noqa: E402
 
 CONTENDERS = ("plain", "default", "without stops")
 
 
-def run(engine, ids: list[int], tokens: int, sampling: dict) -> tuple[float, list[int]]:
-    """Decode tok/s (from the first token, as `mlx-spec bench` counts) and the tokens of one generation."""
-    out, start = [], None
-    for event in mlx_spec.stream(engine, ids, max_tokens=tokens, **sampling):
+def run(engine, prompts: list[list[int]], tokens: int, sampling: dict, pin: int | None) -> tuple[float, list]:
+    """Decode tok/s (every token but each row's first, from the first token on, as `mlx-spec bench` counts) and
+    the tokens of one generation (one prompt) or of one batch of them (several: `Engine.stream_many`, each job
+    pinned to `pin`, as the engine is)."""
+    outs, start = [[] for _ in prompts], None
+    seed, params = sampling.get("seed", 0), {key: value for key, value in sampling.items() if key != "seed"}
+    if len(prompts) == 1:
+        events = ((0, event) for event in mlx_spec.stream(engine, prompts[0], max_tokens=tokens, **sampling))
+    else:
+        waiting = [(i, Job(ids, SamplingParams(**params), tokens, seed=seed + i, draft_len=pin))
+                   for i, ids in enumerate(prompts)]
+        events = engine.stream_many(lambda: waiting.pop(0) if waiting else None, len(prompts))
+    for row, event in events:
         if isinstance(event, Token):
-            out.append(event.id)
+            outs[row].append(event.id)
             start = start or time.perf_counter()
-    return (len(out) - 1) / (time.perf_counter() - start), out
+    return sum(len(out) - 1 for out in outs) / (time.perf_counter() - start), outs
 
 
-def contend(engine, name: str, learnt: dict, ids: list[int], tokens: int, sampling: dict) -> tuple[float, list]:
-    """One command of contender `name`, from (and keeping) its own profile in `learnt`."""
-    engine.learnt = learnt.get(name)
-    engine.pin(0 if name == "plain" else None)
+def contend(engine, name: str, learnt: dict, prompts: list[list[int]], tokens: int, sampling: dict) -> tuple:
+    """One command of contender `name`, from (and keeping) its own profile and batch policy in `learnt`."""
+    engine.learnt, engine.batch_policy = learnt.get(name, (None, None))
+    pin = 0 if name == "plain" else None
+    engine.pin(pin)
     if name == "without stops":
-        engine.next_policy.go_on = lambda confidence: True
-    speed, out = run(engine, ids, tokens, sampling)
-    learnt[name] = engine.learnt
-    return speed, out
+        engine.batch_policy = engine.batch_policy or BatchDraftLength(engine.max_draft_len)
+        engine.next_policy.go_on = engine.batch_policy.go_on = lambda confidences: True
+    result = run(engine, prompts, tokens, sampling, pin)
+    learnt[name] = (engine.learnt, engine.batch_policy)
+    return result
 
 
 def main() -> int:
@@ -66,6 +84,8 @@ def main() -> int:
     parser.add_argument("--kinds", default="", help="comma-separated kinds of the suite (default: every one)")
     parser.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     parser.add_argument("--warm", type=int, default=3, help="code prompts run untimed first (default: all 3)")
+    parser.add_argument("--rows", type=int, default=1,
+                        help="decode batches of this many rows, each row a different kind (default: 1, one at a time)")
     args = parser.parse_args()
     os.environ["MLX_SPEC_POLICY_PROFILES"] = ""  # profiles kept in memory only: nothing of the user's read or written
     target, drafter = PAIRS[args.pair]
@@ -79,27 +99,31 @@ def main() -> int:
     sampling = {"temperature": args.temp, "top_p": 0.9} if args.temp else {}
     what = ", ".join(f"{key} {Path(value).name}" for key, value in drafter.items())
     print(f"{args.pair}: {target_dir.name}, {what}; float32, BLAS: {linux_blas.describe()}; {args.tokens} tokens, "
-          f"{'T=%g, top-p 0.9' % args.temp if sampling else 'greedy'}, one run per prompt and contender, interleaved, "
-          "each adaptive contender from the profile its runs kept (the first learnt on code, untimed)", flush=True)
+          f"{'T=%g, top-p 0.9' % args.temp if sampling else 'greedy'}, "
+          + (f"batches of {args.rows} rows (one per kind), one run per batch" if args.rows > 1 else
+             "one run per prompt") + " and contender, interleaved, each adaptive contender from the profile (and "
+          "batch policy) its runs kept (the first learnt on code, untimed)", flush=True)
     contenders = CONTENDERS if {"draft_model", "mtp_path"} & set(drafter) else CONTENDERS[:2]  # the rest never stop
     learnt, same, speeds, plain_runs = {}, True, {}, []
-    for chat in kinds["code"][1][:args.warm]:  # untimed: compilation, and the profiles a chat has after code
-        ids = render_prompt(engine.tokenizer, chat)
+    warm = [render_prompt(engine.tokenizer, chat) for chat in kinds["code"][1][:max(args.warm, args.rows)]]
+    for start in range(0, len(warm), args.rows):  # untimed: compilation, and the profiles a chat has after code
         for name in contenders:
-            contend(engine, name, learnt, ids, args.tokens, {**sampling, "seed": 0} if sampling else {})
+            contend(engine, name, learnt, warm[start:start + args.rows], args.tokens, {**sampling, "seed": 0})
+    groups = [chosen[i:i + args.rows] for i in range(0, len(chosen), args.rows)]  # a batch's rows: one kind each
     with Neighbours() as neighbours:
-        for kind in chosen:
-            for p, chat in enumerate(kinds[kind][1]):
-                ids = render_prompt(engine.tokenizer, chat)
+        for group in groups:
+            label = " + ".join(group)
+            for p in range(min(len(kinds[kind][1]) for kind in group)):
+                prompts = [render_prompt(engine.tokenizer, kinds[kind][1][p]) for kind in group]
                 outputs = {}
                 for name in contenders:
                     seeded = {**sampling, "seed": p} if sampling else {}
-                    speed, outputs[name] = contend(engine, name, learnt, ids, args.tokens, seeded)
-                    speeds.setdefault(kind, {}).setdefault(name, []).append(speed)
-                plain_runs.append([speeds[kind]["plain"][-1]])
+                    speed, outputs[name] = contend(engine, name, learnt, prompts, args.tokens, seeded)
+                    speeds.setdefault(label, {}).setdefault(name, []).append(speed)
+                plain_runs.append([speeds[label]["plain"][-1]])
                 same = same and (bool(sampling) or all(out == outputs["plain"] for out in outputs.values()))
-            print(f"{kind}: " + ", ".join(f"{name} {speeds[kind][name][-1]:.2f}" for name in contenders), flush=True)
-    print("\n| kind | plain tok/s | " + " | ".join(f"{name} / plain (median, worst prompt)" for name in contenders[1:])
+            print(f"{label}: " + ", ".join(f"{name} {speeds[label][name][-1]:.2f}" for name in contenders), flush=True)
+    print(f"\n| {'kinds, a row each' if args.rows > 1 else 'kind'} | plain tok/s | " + " | ".join(f"{name} / plain (median, worst prompt)" for name in contenders[1:])
           + " |\n|---|---|" + "---|" * len(contenders[1:]))
     ratios = {name: [] for name in contenders[1:]}
     for kind, by_name in speeds.items():

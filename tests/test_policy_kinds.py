@@ -48,7 +48,7 @@ class KindReplay(Replay):
             while k < asked:  # past a rejected draft the recorded probability is the answer's: nearly so
                 confidence.append(self.confidence[done + k])
                 k += 1
-                if k < asked and hasattr(policy, "go_on") and not policy.go_on(confidence):
+                if k < asked and hasattr(policy, "go_on") and not policy.go_on([confidence]):
                     break
             accepted = min(k, self.runs[done])
             cost = self.costs[k][used.get(k, 0) % len(self.costs[k])]

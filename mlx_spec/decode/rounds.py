@@ -10,7 +10,8 @@ plain too, starts its step meanwhile, as mlx-lm's generate_step does.
 
 The draft length is a policy's: with one row, the single-sequence policy (`AdaptiveDraftLength` or a pin: at the
 context depth's costs, with the drafter's outlook and its chains cut by their confidence, its first rounds
-untimed); with several, the batch's (`BatchDraftLength`); a row's own pinned length first.
+untimed); with several, the batch's (`BatchDraftLength`, the rows' chains stopped together where their drafter
+is unsure); a row's own pinned length first.
 """
 
 from __future__ import annotations
@@ -112,6 +113,16 @@ class Plan:
         step = self.step and (self.step[0][index], None if self.step[1] is None else self.step[1][index])
         return Plan(*([part[i] for i in rows] for part in (self.lengths, self.draft_keys, self.verify_keys)), step,
                     self.policy, self.alone, self.predicted and [self.predicted[i] for i in rows])
+
+
+def stop_rule(policy: DraftPolicy, chosen: list[bool]) -> Callable[[list[list[float] | None]], bool] | None:
+    """The rule that stops a round's chains where their drafter is unsure (`BatchDrafter.stop_by`; None: none
+    stop): `policy`'s, over the rows whose length it `chose`; while a row with a length of its own (a pin) drafts,
+    every row drafts on, as its drafts cost nothing past that row's."""
+    if not policy.stops or not any(chosen):
+        return None
+    return lambda confidences: any(c is not None and not mine for c, mine in zip(confidences, chosen)) or \
+        policy.go_on([c for c, mine in zip(confidences, chosen) if c is not None and mine])
 
 
 class RoundLoop:
@@ -237,14 +248,14 @@ class RoundLoop:
         return self.keep(rows, plan, drafts, forced, logits, hidden, verdicts, start)
 
     def propose(self, rows: list, plan: Plan) -> list[Draft]:
-        """Every row's draft for `plan`: its prediction's, or its drafter's, cut where the drafter is unsure (a
-        lone row's chain, by its policy); then cut where its grammar rejects a one-hot draft anyway."""
+        """Every row's draft for `plan`: its prediction's, or its drafter's, stopped or cut where the drafter is
+        unsure (by its policy); then cut where its grammar rejects a one-hot draft anyway."""
         predicted = plan.predicted or [False] * len(rows)
         drafts = [Draft.empty() for _ in rows]
         if self.drafters:
             self.drafters.constrain([row.job.grammar for row in rows])  # chains that follow the grammar
-            self.drafters.stop_by(plan.policy.go_on if plan.alone and plan.policy.cuts and rows[0].job.draft_len
-                                  is None and not predicted[0] else None)  # a lone chain, where it is unsure
+            self.drafters.stop_by(stop_rule(plan.policy, [row.job.draft_len is None and not own
+                                                         for row, own in zip(rows, predicted)]))
             drafts = self.drafters.propose([row.context for row in rows], [0 if own else k for k, own in zip(
                 plan.lengths, predicted)], [row.job.params for row in rows], plan.draft_keys)
         if plan.policy.cuts:  # a chain shortened by the drafter's own estimates

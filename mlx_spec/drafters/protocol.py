@@ -41,8 +41,8 @@ class Drafter:
     # hidden states chunk by chunk while the target prefills (its `begin` then gets none)
     constrain: Callable[[mx.array, list[int]], mx.array] | None = None  # set by the engine for a constrained
     # generation: (logits, drafts so far) -> the logits masked by what the grammar allows next
-    go_on: Callable[[list[float]], bool] | None = None  # set by the round loop where its policy stops a chain
-    # by the drafter's confidence (`DraftPolicy.go_on`), for drafters that draft one token at a time
+    go_on: Callable[[list[list[float] | None]], bool] | None = None  # set by the round loop where its policy
+    # stops chains by the drafter's confidence (`BatchDrafter.stop_by`), for drafters that draft a token at a time
     outlook: list[float] | None = None  # its estimate of each draft of its next chain passing (n-gram)
     trees: bool = False  # it drafts token trees whatever its width (lookahead's)
     weights = None  # a module of weights of its own, and caches of its own, for the memory report
@@ -132,11 +132,13 @@ class BatchDrafter:
         """The next rounds' token trees are `width` wide (1: chains), at most the width the drafter was loaded
         with."""
 
-    go_on: Callable[[list[float]], bool] | None = None  # `stop_by`'s
+    go_on: Callable[[list[list[float] | None]], bool] | None = None  # `stop_by`'s
 
-    def stop_by(self, go_on: Callable[[list[float]], bool] | None) -> None:
-        """A lone row's policy's rule for stopping its chain by the drafter's confidence (`DraftPolicy.go_on`;
-        None: drafts as long as asked), for drafters that draft one token at a time."""
+    def stop_by(self, go_on: Callable[[list[list[float] | None]], bool] | None) -> None:
+        """The round's rule for stopping chains where the drafter is unsure (None: each drafts as long as asked),
+        for drafters that draft one token at a time: asked after each step, given per row its probability of
+        each of its drafts so far (None for a row that drafts no more), whether every row still drafting drafts
+        one more (`DraftPolicy.go_on`, for the rows it chose the length of)."""
         self.go_on = go_on
 
 
@@ -171,7 +173,7 @@ class OneDrafter(BatchDrafter):
     def set_width(self, width: int) -> None:
         self.drafter.width = width
 
-    def stop_by(self, go_on: Callable[[list[float]], bool] | None) -> None:
+    def stop_by(self, go_on: Callable[[list[list[float] | None]], bool] | None) -> None:
         self.drafter.go_on = go_on
 
 
@@ -252,9 +254,11 @@ class RowDrafters(BatchDrafter):
         for drafter in self.rows:
             drafter.width = width
 
-    def stop_by(self, go_on: Callable[[list[float]], bool] | None) -> None:
+    def stop_by(self, go_on: Callable[[list[list[float] | None]], bool] | None) -> None:
+        """A lone row's rule; rows that draft one after another share no step to stop together at, and each
+        drafts as long as asked."""
         for drafter in self.rows:
-            drafter.go_on = go_on
+            drafter.go_on = go_on if len(self.rows) == 1 else None
 
 
 class LastHiddenRows(BatchDrafter):
@@ -283,7 +287,7 @@ class LastHiddenRows(BatchDrafter):
 def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.array], mx.array], k: int,
                            params: SamplingParams, context: list[int], key: mx.array,
                            constrain: Callable[[mx.array, list[int]], mx.array] | None = None,
-                           go_on: Callable[[list[float]], bool] | None = None) -> Draft:
+                           go_on: Callable[[list[list[float] | None]], bool] | None = None) -> Draft:
     """Up to k tokens from a model that drafts one at a time: `first_logits` (1, V) scores the first, and
     `next_logits(token)` feeds a drafted token and scores the one after it. Lazy: no host synchronisation, but
     with `constrain` (the Drafter's), which masks each step's logits by the drafts before it (read to the host),
@@ -305,7 +309,7 @@ def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.arr
         if go_on is not None and i < k - 1:
             chances = dists[-1] if dists else mx.softmax(logits.astype(mx.float32), axis=-1)
             confidence.append(chances[0, tokens[-1][0]].item())
-            if not go_on(confidence):
+            if not go_on([confidence]):
                 break
         if i < k - 1:
             logits = next_logits(tokens[-1])
@@ -314,14 +318,15 @@ def draft_autoregressively(first_logits: mx.array, next_logits: Callable[[mx.arr
 
 def draft_batch(logits: mx.array, next_logits: Callable[[mx.array], mx.array], contexts: list[list[int]],
                 lengths: list[int], params: list[SamplingParams], keys: list[mx.array],
-                constraints: list | None = None, go_on: Callable[[list[float]], bool] | None = None) -> list[Draft]:
+                constraints: list | None = None,
+                go_on: Callable[[list[list[float] | None]], bool] | None = None) -> list[Draft]:
     """Row i's chain of up to lengths[i] tokens from a model that drafts one step for a whole batch at a time,
     each row as `draft_autoregressively` drafts alone (its own sampling settings and keys, its grammar's mask from
-    `constraints`: `BatchDrafter.constraints`, its chain stopped where `go_on` says, given the row's drafts'
-    probabilities): `logits` (B, V) scores every row's first draft, `next_logits(column)` feeds each row's newest
-    token (B,) (0 for a row that is done) and scores the next. Lazy, but for rows under a grammar, whose drafts
-    are read to the host step by step, and with `go_on`. A chain's length is its Draft's; the steps fed are the
-    longest's, less one."""
+    `constraints`: `BatchDrafter.constraints`): `logits` (B, V) scores every row's first draft,
+    `next_logits(column)` feeds each row's newest token (B,) (0 for a row that is done) and scores the next. The
+    rows still drafting stop together where `go_on` says (`BatchDrafter.stop_by`). Lazy, but for rows under a
+    grammar, whose drafts are read to the host step by step, and with `go_on`. A chain's length is its Draft's;
+    the steps fed are the longest's, less one."""
     lengths, confidence = list(lengths), [[] for _ in contexts]
     longest = max(lengths)
     tokens, dists, drafted_ids = [[] for _ in contexts], [[] for _ in contexts], [[] for _ in contexts]
@@ -343,8 +348,11 @@ def draft_batch(logits: mx.array, next_logits: Callable[[mx.array], mx.array], c
                 if go_on is not None and j < k - 1:
                     chances = dists[row][-1] if dists[row] else mx.softmax(scores.astype(mx.float32), axis=-1)
                     confidence[row].append(chances[0, tokens[row][-1][0]].item())
-                    lengths[row] = k if go_on(confidence[row]) else j + 1
             column.append(tokens[row][-1] if j < k else mx.zeros((1,), dtype=mx.int32))
+        if go_on is not None:
+            going = [confidence[row] if j < k - 1 else None for row, k in enumerate(lengths)]
+            if any(c is not None for c in going) and not go_on(going):
+                lengths = [j + 1 if c is not None else k for c, k in zip(going, lengths)]
         if j >= max(lengths) - 1:
             break
         logits = next_logits(mx.concatenate(column).astype(mx.int32))

@@ -3,7 +3,7 @@ target forward runs, and what is learnt of the text once for all rows. The polic
 
 from __future__ import annotations
 
-from .interface import DraftPolicy
+from .interface import DraftPolicy, one_more_pays
 from .sequence import HORIZON, PRIOR, STALE, Shape, probe_due
 
 
@@ -20,7 +20,11 @@ class BatchDraftLength(DraftPolicy):
     may find nothing) and the acceptance per draft position of those that do, each verdict counted (a round that
     judged a position once moves it less than one that judged it four times). Each round drafts the k that
     maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at rows (plain steps) and 2 rows
-    (one draft) first, and probing with one draft now and then while it is off."""
+    (one draft) first, and probing with one draft now and then while it is off. Chains that draft one token at a
+    time stop together where their drafters are unsure (`go_on`): a row's drafts cost nothing past the batch's
+    longest, so either every row drafts one more or none does."""
+
+    stops = True
 
     def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.85, prior_acceptance: float = 0.7):
         self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
@@ -32,6 +36,7 @@ class BatchDraftLength(DraftPolicy):
         self.seconds: dict[int, float] = {}  # tokens in the target's forward -> seconds of the round
         self.seen: set[int] = set()  # token counts run once (a first run compiles: no cost signal)
         self.rows, self.rounds, self.draft_len = 1, 0, 0
+        self.stopped = 0  # rounds whose chains stopped where their drafters were unsure (`go_on`)
         self.note = f"adaptive draft length per batch size, up to {max_len}"
 
     def resize(self, rows: int) -> None:
@@ -93,6 +98,22 @@ class BatchDraftLength(DraftPolicy):
             if past:
                 break
         return max(rates, key=rates.__getitem__)
+
+    def go_on(self, confidences: list[list[float]]) -> bool:
+        """Whether the rows drafting (`confidences`: each one's drafter's probability of each of its drafts so far)
+        all draft one more: while it pays at the costs learnt for this many rows (`one_more_pays`; the round's
+        other rows each count a token)."""
+        j = len(confidences[0])
+        now, more = self.time(self.rows * (1 + j)), self.time(self.rows * (2 + j))
+        if now is None or more is None:
+            return True
+        go_on = one_more_pays(confidences, self.rows - len(confidences), now, more)
+        self.stopped += not go_on
+        return go_on
+
+    def explain(self) -> list[str]:
+        return [self.note] + [f"  {self.stopped} rounds' chains stopped where their drafters were unsure of their "
+                              "next drafts"] * bool(self.stopped)
 
     def drafts_at(self, rows: int) -> bool:
         """Whether a row joining a batch of `rows` rows is worth readying to draft (the drafter's work on its prompt):

@@ -13,6 +13,7 @@ class DraftPolicy:
     width: int = 1  # the tree width of its latest choice (1: a chain), and the widest it may choose
     widest: int = 1
     cuts: bool = False  # whether it cuts a chain by the drafter's own estimates (`cut`)
+    stops: bool = False  # whether it stops chains where their drafter is unsure, as they are drafted (`go_on`)
 
     def begin(self, depth: int) -> None:
         """A generation (or a batch row decoding alone) starts with a context of `depth` tokens."""
@@ -30,9 +31,9 @@ class DraftPolicy:
         where it `cuts`: reading the estimates waits for them)."""
         return len(confidence)
 
-    def go_on(self, confidence: list[float]) -> bool:
-        """Whether a drafter that drafts one token at a time drafts one more after drafts whose chances of passing
-        it estimates at `confidence` (its own probability of each; asked only where it `cuts`)."""
+    def go_on(self, confidences: list[list[float]]) -> bool:
+        """Whether the rows drafting one token at a time each draft one more, given each one's drafter's
+        probability of each of its drafts so far (asked only where it `stops`: reading them waits for them)."""
         return True
 
     def drafts_at(self, rows: int) -> bool:
@@ -52,3 +53,19 @@ class DraftPolicy:
     def profile(self) -> dict | None:
         """What it learnt, for a later policy of the same target and drafter to start from (None: nothing)."""
         return None
+
+
+def one_more_pays(confidences: list[list[float]], others: int, now: float, more: float) -> bool:
+    """Whether the rows drafting (each one's chances of its drafts so far passing: `confidences`) draft one more
+    each, in a round that also makes a token for each of `others` rows and costs `now` seconds as it stands and
+    `more` with one more draft: while those drafts, were they sure to pass, add tokens at least at the round's rate
+    so far, sum(P) / (more - now) >= sum(E) / now (P: a row's chance that its drafts so far all pass; E: its
+    expected tokens, 1 + P_1 + ... + P_j)."""
+    chances, expected = 0.0, float(others)
+    for confidence in confidences:
+        passed, tokens = 1.0, 1.0
+        for chance in confidence:
+            passed *= chance
+            tokens += passed
+        chances, expected = chances + passed, expected + tokens
+    return chances * now >= expected * (more - now)

@@ -25,7 +25,7 @@ predictable text costs little where the text is not.
 
 from __future__ import annotations
 
-from .interface import DraftPolicy
+from .interface import DraftPolicy, one_more_pays
 
 PROBE_WEIGHT = 0.5  # a draft's cost measured by a probe, against the estimate from before drafting stopped
 STALE = 16  # rounds after which a batch's draft position no round judged is taken to pass as the one before
@@ -198,7 +198,7 @@ def band_range(band: int) -> str:
 
 
 class AdaptiveDraftLength(DraftPolicy):
-    cuts = True
+    cuts = stops = True
 
     def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.9, prior_acceptance: float = 0.7,
                  widths: tuple[int, ...] = (1,), profile: dict | None = None):
@@ -396,20 +396,14 @@ class AdaptiveDraftLength(DraftPolicy):
             rates[k] = expected / chain.cost(k)
         return max(rates, key=rates.__getitem__)
 
-    def go_on(self, confidence: list[float]) -> bool:
-        """Whether to draft one more after drafts whose chances of passing the drafter estimates at `confidence`
-        (a draft model's probability of each of its drafts): while the next draft, were it sure to pass, adds
-        tokens at a better rate than the round so far makes them under this run's costs (P_j / (T(j + 1) - T(j))
-        against E_j / T(j), P_j the chance drafts 1..j all pass, E_j the round's expected tokens)."""
+    def go_on(self, confidences: list[list[float]]) -> bool:
+        """Whether the chain (`confidences`: its one row's, a draft model's probability of each of its drafts)
+        drafts one more: while it pays under this run's costs (`one_more_pays`)."""
         chain = self.shapes[min(self.shapes)]
         if chain.slope is None:
             return True
-        passed, expected = 1.0, 1.0
-        for chance in confidence:
-            passed *= chance
-            expected += passed
-        j = len(confidence)
-        go_on = passed * chain.cost(j) >= expected * (chain.cost(j + 1) - chain.cost(j))
+        j = len(confidences[0])
+        go_on = one_more_pays(confidences, 0, chain.cost(j), chain.cost(j + 1))
         self.stopped += not go_on
         return go_on
 
