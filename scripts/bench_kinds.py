@@ -12,14 +12,16 @@ plain decoding, the default (the adaptive policy, a draft model's chains stopped
 them), each adaptive contender going on from the profile (and batch policy) its own runs kept, in memory. With
 --rows N, the chosen kinds go N at a time into batches (`Engine.stream_many`, as a server decodes a burst of
 requests), a row per kind, its p-th prompt, plain decoding being the same batch with every row pinned to 0.
+With --reps R, each contender runs each prompt (or batch) R times in turn, every run from the same profile.
 Prints per kind (or batch) each contender's median decode tok/s and its ratio to plain decoding per prompt (or
-batch; the worst and the median), overall, whether greedy outputs equal plain decoding's, and the machine's load.
-Every run's tok/s goes out as a raw-timings line (scripts/timings.py).
+batch; the worst and the median; of median runs), overall, whether greedy outputs equal plain decoding's, and the
+machine's load. Every run's tok/s goes out as a raw-timings line (scripts/timings.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -66,7 +68,7 @@ def run(engine, prompts: list[list[int]], tokens: int, sampling: dict, pin: int 
 
 def contend(engine, name: str, learnt: dict, prompts: list[list[int]], tokens: int, sampling: dict) -> tuple:
     """One command of contender `name`, from (and keeping) its own profile and batch policy in `learnt`."""
-    engine.learnt, engine.batch_policy = learnt.get(name, (None, None))
+    engine.learnt, engine.batch_policy = copy.deepcopy(learnt.get(name, (None, None)))
     pin = 0 if name == "plain" else None
     engine.pin(pin)
     if name == "without stops":
@@ -86,6 +88,8 @@ def main() -> int:
     parser.add_argument("--warm", type=int, default=3, help="code prompts run untimed first (default: all 3)")
     parser.add_argument("--rows", type=int, default=1,
                         help="decode batches of this many rows, each row a different kind (default: 1, one at a time)")
+    parser.add_argument("--reps", type=int, default=1,
+                        help="runs of each prompt by each contender, every one from the same profile (default: 1)")
     args = parser.parse_args()
     os.environ["MLX_SPEC_POLICY_PROFILES"] = ""  # profiles kept in memory only: nothing of the user's read or written
     target, drafter = PAIRS[args.pair]
@@ -98,13 +102,14 @@ def main() -> int:
     chosen = [kind for kind in args.kinds.split(",") if kind] or list(kinds)
     sampling = {"temperature": args.temp, "top_p": 0.9} if args.temp else {}
     what = ", ".join(f"{key} {Path(value).name}" for key, value in drafter.items())
+    unit = f"batches of {args.rows} rows (one per kind), {args.reps} run(s) per batch" if args.rows > 1 else \
+        f"{args.reps} run(s) per prompt"
     print(f"{args.pair}: {target_dir.name}, {what}; float32, BLAS: {linux_blas.describe()}; {args.tokens} tokens, "
-          f"{'T=%g, top-p 0.9' % args.temp if sampling else 'greedy'}, "
-          + (f"batches of {args.rows} rows (one per kind), one run per batch" if args.rows > 1 else
-             "one run per prompt") + " and contender, interleaved, each adaptive contender from the profile (and "
-          "batch policy) its runs kept (the first learnt on code, untimed)", flush=True)
+          f"{'T=%g, top-p 0.9' % args.temp if sampling else 'greedy'}, {unit} and contender, interleaved, each "
+          "adaptive contender from the profile (and batch policy) its runs kept (the first learnt on code, untimed)",
+          flush=True)
     contenders = CONTENDERS if {"draft_model", "mtp_path"} & set(drafter) else CONTENDERS[:2]  # the rest never stop
-    learnt, same, speeds, plain_runs = {}, True, {}, []
+    learnt, same, speeds, raw, plain_runs = {}, True, {}, {}, []
     warm = [render_prompt(engine.tokenizer, chat) for chat in kinds["code"][1][:max(args.warm, args.rows)]]
     for start in range(0, len(warm), args.rows):  # untimed: compilation, and the profiles a chat has after code
         for name in contenders:
@@ -115,15 +120,21 @@ def main() -> int:
             label = " + ".join(group)
             for p in range(min(len(kinds[kind][1]) for kind in group)):
                 prompts = [render_prompt(engine.tokenizer, kinds[kind][1][p]) for kind in group]
-                outputs = {}
-                for name in contenders:
-                    seeded = {**sampling, "seed": p} if sampling else {}
-                    speed, outputs[name] = contend(engine, name, learnt, prompts, args.tokens, seeded)
-                    speeds.setdefault(label, {}).setdefault(name, []).append(speed)
-                plain_runs.append([speeds[label]["plain"][-1]])
+                outputs, runs, before = {}, {name: [] for name in contenders}, dict(learnt)
+                for _ in range(args.reps):
+                    for name in contenders:
+                        learnt[name] = before.get(name, (None, None))
+                        seeded = {**sampling, "seed": p} if sampling else {}
+                        speed, outputs[name] = contend(engine, name, learnt, prompts, args.tokens, seeded)
+                        runs[name].append(speed)
+                for name, speeds_now in runs.items():
+                    speeds.setdefault(label, {}).setdefault(name, []).append(statistics.median(speeds_now))
+                    raw.setdefault(label, {}).setdefault(name, []).extend(speeds_now)
+                plain_runs.append(runs["plain"])
                 same = same and (bool(sampling) or all(out == outputs["plain"] for out in outputs.values()))
             print(f"{label}: " + ", ".join(f"{name} {speeds[label][name][-1]:.2f}" for name in contenders), flush=True)
-    print(f"\n| {'kinds, a row each' if args.rows > 1 else 'kind'} | plain tok/s | " + " | ".join(f"{name} / plain (median, worst prompt)" for name in contenders[1:])
+    print(f"\n| {'kinds, a row each' if args.rows > 1 else 'kind'} | plain tok/s | "
+          + " | ".join(f"{name} / plain (median, worst prompt)" for name in contenders[1:])
           + " |\n|---|---|" + "---|" * len(contenders[1:]))
     ratios = {name: [] for name in contenders[1:]}
     for kind, by_name in speeds.items():
@@ -137,7 +148,7 @@ def main() -> int:
         f"{statistics.geometric_mean(r):.2f}x, {min(r):.2f}x" for r in ratios.values()) + " |")
     print("greedy outputs identical to plain decoding: " + ("not compared (sampled)" if sampling else
                                                              "all" if same else "NO"))
-    for kind, by_name in speeds.items():
+    for kind, by_name in raw.items():
         print("\n".join(raw_line(f"{name}, {kind}", "tok/s", runs) for name, runs in by_name.items()))
     print(verdict(neighbours, plain_runs))
     return 0 if same else 1
