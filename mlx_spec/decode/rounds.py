@@ -118,7 +118,7 @@ class Plan:
 def stop_rule(policy: DraftPolicy, chosen: list[bool]) -> Callable[[list[list[float] | None]], bool] | None:
     """The rule that stops a round's chains where their drafter is unsure (`BatchDrafter.stop_by`; None: none
     stop): `policy`'s, over the rows whose length it `chose`; while a row with a length of its own (a pin) drafts,
-    every row drafts on, as its drafts cost nothing past that row's."""
+    every row drafts on: their drafts cost nothing while its own go on."""
     if not policy.stops or not any(chosen):
         return None
     return lambda confidences: any(c is not None and not mine for c, mine in zip(confidences, chosen)) or \
