@@ -19,9 +19,9 @@ from mlx_spec.policy.sequence import AdaptiveDraftLength
 LONGEST = 4
 
 
-class Unsure(AdaptiveDraftLength):
-    """Asks for LONGEST drafts a round and stops a chain once its drafts all pass with less than `bar` chance by
-    the drafter's estimates; keeps what each round's rule was given."""
+class Asking:
+    """A policy that asks for LONGEST drafts a round, stops chains whose drafts pass with less than `bar` chance
+    by the drafter's estimates, and keeps what each round's rule was given."""
 
     def __init__(self, bar: float):
         super().__init__(LONGEST)
@@ -31,6 +31,10 @@ class Unsure(AdaptiveDraftLength):
         self.draft_len = min(LONGEST, remaining - 1)
         self.asked.append((self.draft_len, []))
         return self.draft_len
+
+
+class Unsure(Asking, AdaptiveDraftLength):
+    """One sequence's: its chain stops once its drafts all pass with less than `bar` chance."""
 
     def go_on(self, confidences):
         [confidence] = confidences
@@ -38,18 +42,8 @@ class Unsure(AdaptiveDraftLength):
         return math.prod(confidence) >= self.bar
 
 
-class UnsureRows(BatchDraftLength):
-    """A batch's: asks for LONGEST drafts a round and stops the rows' chains once their drafts all pass with less
-    than `bar` chance on average, by the drafter's estimates; keeps what each round's rule was given."""
-
-    def __init__(self, bar: float):
-        super().__init__(LONGEST)
-        self.bar, self.asked = bar, []
-
-    def next_draft_len(self, remaining, outlook=None):
-        self.draft_len = min(LONGEST, remaining - 1)
-        self.asked.append((self.draft_len, []))
-        return self.draft_len
+class UnsureRows(Asking, BatchDraftLength):
+    """A batch's: the rows' chains stop once their drafts all pass with less than `bar` chance on average."""
 
     def go_on(self, confidences):
         self.asked[-1][1].append([list(c) for c in confidences])

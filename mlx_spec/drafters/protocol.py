@@ -333,7 +333,7 @@ def draft_batch(logits: mx.array, next_logits: Callable[[mx.array], mx.array], c
     step_keys = [mx.random.split(key, k) if k else None for key, k in zip(keys, lengths)]
     masks = constraints or [None] * len(contexts)
     for j in range(longest):
-        column = []
+        column, chances = [], {}  # chances: each row still drafting's probability of its newest draft (lazy)
         for row, (context, k, p, mask) in enumerate(zip(contexts, lengths, params, masks)):
             if j < k:
                 drafted = mx.concatenate(tokens[row]) if tokens[row] else None
@@ -346,13 +346,14 @@ def draft_batch(logits: mx.array, next_logits: Callable[[mx.array], mx.array], c
                 if mask is not None:
                     drafted_ids[row].append(tokens[row][-1].item())
                 if go_on is not None and j < k - 1:
-                    chances = dists[row][-1] if dists[row] else mx.softmax(scores.astype(mx.float32), axis=-1)
-                    confidence[row].append(chances[0, tokens[row][-1][0]].item())
+                    probabilities = dists[row][-1] if dists[row] else mx.softmax(scores.astype(mx.float32), axis=-1)
+                    chances[row] = probabilities[0, tokens[row][-1][0]]
             column.append(tokens[row][-1] if j < k else mx.zeros((1,), dtype=mx.int32))
-        if go_on is not None:
-            going = [confidence[row] if j < k - 1 else None for row, k in enumerate(lengths)]
-            if any(c is not None for c in going) and not go_on(going):
-                lengths = [j + 1 if c is not None else k for c, k in zip(going, lengths)]
+        if chances:  # read to the host once a step, for every row together
+            for row, chance in zip(chances, mx.stack(list(chances.values())).tolist()):
+                confidence[row].append(chance)
+            if not go_on([confidence[row] if row in chances else None for row in range(len(contexts))]):
+                lengths = [j + 1 if row in chances else k for row, k in enumerate(lengths)]
         if j >= max(lengths) - 1:
             break
         logits = next_logits(mx.concatenate(column).astype(mx.int32))
