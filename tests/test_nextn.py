@@ -1,6 +1,8 @@
 """The nextn MTP layers of DeepSeek-V3 (MLA + MoE), GLM-4.5 (GQA + MoE), GLM-4.7-Flash (MLA + GLM's MoE), MiMo-7B
-(Qwen2's block, Qwen3.5's equations) and K-EXAONE (Qwen3.5's names and equations, a dense global-attention block): the layer against a NumPy transcription of each family's equations,
-exact drafting with rollbacks of every cache, convert keeping and grafting the layer, refusals."""
+(Qwen2's block, Qwen3.5's equations), K-EXAONE (Qwen3.5's names and equations, a dense global-attention block) and
+ERNIE 4.5 MoE (its tensors beside the target's, scored through the target's final norm): the layer against a NumPy
+transcription of each family's equations, exact drafting with rollbacks of every cache, convert keeping and grafting
+the layer, refusals."""
 
 import importlib
 import json
@@ -37,12 +39,16 @@ REFERENCE = {
     "mimo": ("model.mtp_layers.0.", ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm"),
              True, True, True),
     "exaone_moe": ("mtp.", ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "norm"), False, True, False),
+    # transformers' Ernie4_5_MoeForCausalLM MTP (and Baidu's PaddleFormers): the output norm is model.norm
+    "ernie4_5_moe": ("model.", ("mtp_emb_norm.0", "mtp_hidden_norm.0", "mtp_linear_proj.0", "norm"),
+                     False, False, False),
 }
 BLOCKS = {
     "mimo": (lambda module, args: module.TransformerBlock(args), "model.mtp_layers.0."),
     "exaone_moe": (lambda module, args: module.DecoderLayer(replace(  # a dense layer with global attention
         args, layer_types=[*args.layer_types, "full_attention"], is_moe_layer=[*args.is_moe_layer, False]),
         layer_idx=args.num_hidden_layers), "mtp.layers.0."),
+    "ernie4_5_moe": (lambda module, args: module.Ernie4_5_DecoderLayer(args, layer_idx=0), "model.mtp_block.0."),
 }
 
 
@@ -133,7 +139,8 @@ def test_nextn_drafting_is_exact(tiny, family):
     assert 0 < accepted < drafted
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "mimo"])  # the layer past the last, and in its own list
+# the layer past the last, in its own list, and beside the target's tensors (its output norm the target's)
+@pytest.mark.parametrize("family", ["deepseek_v3", "mimo", "ernie4_5_moe"])
 def test_convert_keeps_and_grafts_the_nextn_layer(tiny, tmp_path, family):
     from mlx_lm.convert import convert
 
@@ -178,7 +185,7 @@ def test_unsupported_nextn_variants_are_refused(tiny, tmp_path):
     config = json.loads((declared / "config.json").read_text())
     (declared / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
     assert_one_line_error(run_cli("generate", "--model", str(declared), "--drafter", "mtp", "--prompt", "hi"),
-                          "nextn layers of deepseek_v3, glm4_moe, glm4_moe_lite, mimo, exaone_moe only", "'qwen3'",
+                          "nextn layers of deepseek_v3, glm4_moe, glm4_moe_lite, mimo, exaone_moe, ernie4_5_moe only", "'qwen3'",
                           "--drafter ngram")
     misfit = edited_copy(tiny["glm4_moe"], tmp_path / "misfit",
                          lambda w: {k: (v[:, :-1] if k.endswith(".eh_proj.weight") else v) for k, v in w.items()})

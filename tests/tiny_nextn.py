@@ -1,6 +1,7 @@
-"""Tiny DeepSeek-V3-style (MLA + MoE), GLM-4.5-style (GQA + MoE) and GLM-4.7-Flash-style (MLA + GLM's MoE)
-checkpoints in the Hugging Face layout, each with its nextn MTP layer stored as `model.layers.{num_hidden_layers}.*` (copies of the embedding and output head
-included, as DeepSeek publishes them)."""
+"""Tiny checkpoints in the Hugging Face layout of each nextn family (DeepSeek-V3: MLA + MoE, GLM-4.5: GQA + MoE,
+GLM-4.7-Flash: MLA + GLM's MoE, MiMo-7B, K-EXAONE, ERNIE 4.5 MoE), each with its MTP layer under the names its
+publisher uses (DeepSeek's and GLM's as `model.layers.{num_hidden_layers}.*`, copies of the embedding and output
+head included)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tiny import write_checkpoint
 
 from mlx_spec.models.nextn import FAMILIES, prefix
 
-NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe")
+NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe", "ernie4_5_moe")
 MLA = ("deepseek_v3", "glm4_moe_lite")  # attention with compressed keys and values (q_a / kv_a projections)
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
        "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
@@ -49,6 +50,12 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
                 "first_k_dense_replace": 1, "sliding_window": 4, "layer_types": kinds, "rope_scaling": None,
                 "sliding_windows": [4 if kind == "sliding_attention" else 0 for kind in kinds],
                 "mtp_layer_types": ["full_attention"], "dtype": "float32"}
+    if family == "ernie4_5_moe":  # ERNIE-4.5-21B-A3B-PT's keys: a dense first layer, then MoE (softmax routing)
+        return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["Ernie4_5_MoeForCausalLM"],
+                "model_type": "ernie4_5_moe", "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+                "rope_theta": 500000.0, "use_rmsnorm": True, "use_bias": False, "moe_num_experts": 4,
+                "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "moe_layer_interval": 1,
+                "moe_intermediate_size": 32, "moe_k": 2, "moe_gate": "topk", "moe_use_aux_free": True}
     return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_key_value_heads": 2,
             "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True,
             "rope_scaling": None, "n_group": 1}
@@ -58,6 +65,8 @@ def is_moe(cfg: dict, i: int) -> bool:
     """Whether layer i (the MTP block: i = num_hidden_layers) is a mixture of experts."""
     if "is_moe_layer" in cfg:
         return i < len(cfg["is_moe_layer"]) and cfg["is_moe_layer"][i]
+    if cfg["model_type"] == "ernie4_5_moe":  # its MTP block is dense
+        return cfg["moe_layer_start_index"] <= i < cfg["num_hidden_layers"]
     return "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]
 
 
@@ -65,6 +74,8 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
     """One decoder layer's tensors under the prefix `p`."""
     if cfg["model_type"] == "exaone_moe":
         return exaone_layer_shapes(cfg, p, moe)
+    if cfg["model_type"] == "ernie4_5_moe":
+        return ernie_layer_shapes(cfg, p, moe)
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
     if cfg["model_type"] in MLA:
@@ -127,6 +138,31 @@ def exaone_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ..
     return shapes
 
 
+def ernie_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
+    """ERNIE 4.5's layer: no biases, a softmax router with its correction bias under `moe_statics` (which mlx-lm
+    drops), the shared experts one wide expert."""
+    h, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = h // heads
+    shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+              p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
+              p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, heads * hd)}
+    if not moe:
+        inter = cfg["intermediate_size"]
+        return {**shapes, p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter)}
+    inter, experts = cfg["moe_intermediate_size"], cfg["moe_num_experts"]
+    shared = inter * cfg["moe_num_shared_experts"]
+    shapes.update({p + "mlp.gate.weight": (experts, h), p + "mlp.moe_statics.e_score_correction_bias": (1, experts),
+                   p + "mlp.shared_experts.gate_proj.weight": (shared, h),
+                   p + "mlp.shared_experts.up_proj.weight": (shared, h),
+                   p + "mlp.shared_experts.down_proj.weight": (h, shared)})
+    for e in range(experts):
+        shapes.update({p + f"mlp.experts.{e}.gate_proj.weight": (inter, h),
+                       p + f"mlp.experts.{e}.up_proj.weight": (inter, h),
+                       p + f"mlp.experts.{e}.down_proj.weight": (h, inter)})
+    return shapes
+
+
 def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     """Norms near 1, biases and the router's correction bias small, matrices scaled by their fan-in."""
     rng = np.random.default_rng(seed)
@@ -166,10 +202,11 @@ TRAINED = "nextn.safetensors"  # the trained tensors alone, which `with_trained_
 
 
 def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: int = 150, seed: int = 0) -> Path:
-    """Train the nextn layer's own tensors (its norms and eh_proj; the decoder block stays as drawn) on the
-    target's greedy continuations of `texts`, and write them (HF names) to `out_dir`/TRAINED: row p pairs
-    embed(t_{p+1}) with the target's state at p (post-norm, or pre-norm where the family reads that) and learns the target's choice after p + 1, so that
-    drafting those texts gets drafts accepted."""
+    """Train the nextn layer's own tensors (its norms and eh_proj; the decoder block stays as drawn, and so does
+    the target's final norm where the layer scores through it) on the target's greedy continuations of `texts`, and
+    write them (HF names) to `out_dir`/TRAINED: row p pairs embed(t_{p+1}) with the target's state at p (post-norm,
+    or pre-norm where the family reads that) and learns the target's choice after p + 1, so that drafting those
+    texts gets drafts accepted."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.models.cache import KVCache
@@ -183,6 +220,10 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
     target, cfg = load_model(checkpoint)
     nextn = load_nextn(checkpoint, cfg, [checkpoint / "model.safetensors"])
     nextn.layers[0].freeze()
+    family, p = FAMILIES[cfg["model_type"]], prefix(cfg)
+    own = {theirs: mine for theirs, mine in ours(family).items() if p + theirs != "model.norm.weight"}
+    if len(own) < len(ours(family)):  # ERNIE's output norm is the target's final norm: left as it is
+        nextn.shared_norm.freeze()
     rows = []
     for sequence in greedy_continuations(target, load_tokenizer(checkpoint), texts, tokens=120):
         hidden = target.model(mx.array(sequence)[None])[0]
@@ -199,11 +240,9 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
         return total / len(rows)
 
     fit(nextn, loss, steps, 1e-2)
-    p = prefix(cfg)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file({p + theirs: np.array(getattr(nextn, mine.removesuffix(".weight")).weight)
-               for theirs, mine in ours(FAMILIES[cfg["model_type"]]).items()},
+    save_file({p + theirs: np.array(getattr(nextn, mine.removesuffix(".weight")).weight) for theirs, mine in own.items()},
               str(out_dir / TRAINED), metadata={"format": "pt"})
     return out_dir
 

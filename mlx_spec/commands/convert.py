@@ -31,7 +31,7 @@ from ..models.nextn import (
     build_nextn,
     check_supported,
     is_nextn,
-    prefix,
+    layer_name,
     read_nextn_tensors,
 )
 from ..models.qwen3_5 import (
@@ -52,9 +52,10 @@ def mtp_shards(source: str) -> list[str]:
     index_dir = resolve(source, [INDEX_FILE, "config.json"])
     index = index_dir / INDEX_FILE
     if index.exists():
-        layer = prefix(read_config(index_dir)) if is_nextn(read_config(index_dir)) else "mtp."
+        config = read_config(index_dir)
         weight_map = json.loads(index.read_text())["weight_map"]
-        return sorted({shard for name, shard in weight_map.items() if name.startswith(layer)})
+        return sorted({shard for name, shard in weight_map.items()
+                       if (layer_name(config, name) is not None if is_nextn(config) else name.startswith("mtp."))})
     return sorted(p.name for p in index_dir.glob("model*.safetensors")) or ["model.safetensors"]
 
 
@@ -226,6 +227,8 @@ def add_mtp(hf_path: str, mlx_path: str, mtp_bits: int | None = None, group_size
     if not declared_mtp_layers(config) and not is_nextn(config):
         raise SpecError(f"{target} declares no MTP layer (mtp_num_hidden_layers, num_nextn_predict_layers): "
                         "nothing to add")
+    if is_nextn(config):
+        check_supported(config, target)
     if holds_mtp(config, checkpoint_files(target)):
         raise SpecError(f"{target} already holds its MTP layer")
     shards = mtp_shards(hf_path)

@@ -12,7 +12,9 @@ and the state fed back for the next draft is y (DeepSeek-V3 / GLM: `feeds_normed
 families whose equations are Qwen3.5's). `hidden` is the target's state after its final norm, but for MiMo, whose
 layer Xiaomi's own vLLM code feeds the state before it (`reads`). Only the first layer drafts where a checkpoint
 has several. K-EXAONE stores its layer as Qwen3.5 does (`mtp.*`, the block under `mtp.layers.0.`) but declares it
-as `num_nextn_predict_layers`, with plain norms: it is read here.
+as `num_nextn_predict_layers`, with plain norms: it is read here. ERNIE 4.5 stores its layer beside the target's
+tensors (`model.mtp_*.0`) with no output norm of its own: its drafts are scored through the target's final norm, as
+Baidu's training code and transformers do (vLLM and SGLang score the block's output unnormed).
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import deepseek_v3, exaone_moe, glm4_moe, glm4_moe_lite, mimo
+from mlx_lm.models import (
+    deepseek_v3,
+    ernie4_5_moe,
+    exaone_moe,
+    glm4_moe,
+    glm4_moe_lite,
+    mimo,
+)
 from mlx_lm.models.base import create_attention_mask
 
 from ..seams import compat
@@ -63,6 +72,9 @@ FAMILIES = {
         args, layer_types=[*args.layer_types, "full_attention"], is_moe_layer=[*args.is_moe_layer, False]),  # global
         layer_idx=args.num_hidden_layers), ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "norm"), "mtp.",
         block_prefix="layers.0.", copies=(), feeds_normed=True),  # attention, Qwen3.5's names and equations
+    "ernie4_5_moe": Family(ernie4_5_moe, lambda args: ernie4_5_moe.Ernie4_5_DecoderLayer(args, layer_idx=0),  # dense
+        ("mtp_emb_norm.0", "mtp_hidden_norm.0", "mtp_linear_proj.0", "norm"), "model.", block_prefix="mtp_block.0.",
+        copies=()),  # ERNIE 4.5 MoE: the layer's tensors beside the target's, its output norm the target's own
 }
 STORED = "nextn."  # the prefix of the layer's tensors in `mlx-spec convert` output (mtp.safetensors)
 
@@ -116,6 +128,15 @@ def prefix(config: dict) -> str:
     return FAMILIES[config["model_type"]].prefix.format(n=config["num_hidden_layers"])
 
 
+def layer_name(config: dict, key: str) -> str | None:
+    """A published tensor's name under the layer's prefix, or None when it is not one of the layer's."""
+    family, where = FAMILIES[config["model_type"]], prefix(config)
+    if not key.startswith(where):
+        return None
+    name = key[len(where):]
+    return name if name.startswith((family.block_prefix, *(f"{own}." for own in family.names))) else None
+
+
 def ours(family: Family) -> dict[str, str]:
     """The layer's own tensors' names as published -> as NextN's parameters."""
     return {f"{theirs}.weight": f"{mine}.weight"
@@ -123,19 +144,19 @@ def ours(family: Family) -> dict[str, str]:
 
 
 def read_nextn_tensors(files, config: dict) -> tuple[dict, bool]:
-    """The first nextn layer's tensors in some safetensors files (lazily), named as published under its prefix
-    (`mlx-spec convert` output: as NextN's parameters), and whether they are Hugging Face originals whose block
-    still needs mlx-lm's conversion (`compat`)."""
-    tensors, original = {}, False
+    """The first nextn layer's tensors in some safetensors files (lazily): as `mlx-spec convert` stored them (as
+    NextN's parameters) where it did, else as published under the layer's prefix; and whether they are Hugging Face
+    originals, whose block still needs mlx-lm's conversion (`compat`)."""
+    stored, published = {}, {}
     for file in files:
-        weights = load_weights(file)
-        for key, value in weights.items():
+        for key, value in load_weights(file).items():
             if key.startswith(STORED):
-                tensors[key[len(STORED):]] = value
-            elif key.startswith(prefix(config)):
-                tensors[key[len(prefix(config)):]] = value
-                original = True
-    return tensors, original
+                stored[key[len(STORED):]] = value
+            elif (name := layer_name(config, key)) is not None:
+                published[name] = value
+    if f"{FAMILIES[config['model_type']].names[2]}.weight" not in published:
+        published = {}  # without its projection (ERNIE's output norm alone is the target's own)
+    return (stored, False) if stored else (published, bool(published))
 
 
 def build_nextn(config: dict, tensors: dict, original: bool, quantization: dict | None = None) -> NextN:
