@@ -289,6 +289,18 @@ MUTANTS = [
            "    return lambda confidences: any(c is not None and not mine for c, mine in zip(confidences, chosen)) or \\",
            "    return lambda confidences: False or \\",
            ("tests/test_draft_stops.py::test_a_batchs_chains_stop_together_where_their_draft_model_is_unsure",)),
+    Mutant("ERNIE's MTP layer feeds back its output norm's state, not its block's", "mlx_spec/models/nextn.py",
+           "(\"mtp_emb_norm.0\", \"mtp_hidden_norm.0\", \"mtp_linear_proj.0\", \"norm\"), \"model.\", block_prefix=\"mtp_block.0.\",\n        copies=()),",
+           "(\"mtp_emb_norm.0\", \"mtp_hidden_norm.0\", \"mtp_linear_proj.0\", \"norm\"), \"model.\", block_prefix=\"mtp_block.0.\",\n        copies=(), feeds_normed=True),",
+           ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[ernie4_5_moe]",)),
+    Mutant("a nextn layer's tensors are every tensor under its prefix", "mlx_spec/models/nextn.py",
+           "    return name if name.startswith((family.block_prefix, *(f\"{own}.\" for own in family.names))) else None",
+           "    return name",
+           ("tests/test_nextn.py::test_add_mtp_fetches_only_the_shards_that_hold_the_layer",)),
+    Mutant("a sliding-window nextn block attends to everything before it", "mlx_spec/models/nextn.py",
+           "        mask = create_attention_mask(x, cache[0], window_size=self.window, return_array=True)",
+           "        mask = create_attention_mask(x, cache[0], return_array=True)",
+           ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[mimo_v2_flash]",)),
 ]
 
 

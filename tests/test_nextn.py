@@ -1,6 +1,7 @@
 """The nextn MTP layers of DeepSeek-V3 (MLA + MoE), GLM-4.5 (GQA + MoE), GLM-4.7-Flash (MLA + GLM's MoE), MiMo-7B
 (Qwen2's block, Qwen3.5's equations), K-EXAONE (Qwen3.5's names and equations, a dense global-attention block) and
-ERNIE 4.5 MoE (its tensors beside the target's, scored through the target's final norm): the layer against a NumPy
+ERNIE 4.5 MoE (its tensors beside the target's, scored through the target's final norm) and MiMo-V2-Flash (a
+sliding-window block with attention sinks): the layer against a NumPy
 transcription of each family's equations, exact drafting with rollbacks of every cache, convert keeping and grafting
 the layer, refusals."""
 
@@ -10,6 +11,7 @@ import shutil
 from dataclasses import replace
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from helpers import assert_one_line_error, edited_copy, plain_greedy, run_cli
@@ -42,6 +44,8 @@ REFERENCE = {
     # transformers' Ernie4_5_MoeForCausalLM MTP (and Baidu's PaddleFormers): the output norm is model.norm
     "ernie4_5_moe": ("model.", ("mtp_emb_norm.0", "mtp_hidden_norm.0", "mtp_linear_proj.0", "norm"),
                      False, False, False),
+    # vLLM's MiMoV2MTPLayer; the target's pre-norm state, as Xiaomi's SGLang code (multi-layer EAGLE) hands it
+    "mimo_v2_flash": ("model.mtp.layers.0.", ("enorm", "hnorm", "eh_proj", "final_layernorm"), False, True, True),
 }
 BLOCKS = {
     "mimo": (lambda module, args: module.TransformerBlock(args), "model.mtp_layers.0."),
@@ -49,7 +53,12 @@ BLOCKS = {
         args, layer_types=[*args.layer_types, "full_attention"], is_moe_layer=[*args.is_moe_layer, False]),
         layer_idx=args.num_hidden_layers), "mtp.layers.0."),
     "ernie4_5_moe": (lambda module, args: module.Ernie4_5_DecoderLayer(args, layer_idx=0), "model.mtp_block.0."),
+    "mimo_v2_flash": (lambda module, args: module.DecoderLayer(args, is_moe=False, is_sliding_window=True),
+                      "model.mtp.layers.0."),
 }
+# where the block's tensors are named otherwise than mlx-lm's layer names them, and where it attends to a window
+RENAMED = {"mimo_v2_flash": ("pre_mlp_layernorm.", "post_attention_layernorm.")}
+WINDOW = {"mimo_v2_flash": "sliding_window_size"}
 
 
 def reference_block(path, config: dict, raw: dict, own: set[str]):
@@ -62,7 +71,9 @@ def reference_block(path, config: dict, raw: dict, own: set[str]):
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     make, p = BLOCKS[config["model_type"]]
     block = make(module, module.ModelArgs.from_dict(config))
-    block.load_weights([(k[len(p):], mx.array(v)) for k, v in raw.items() if k.startswith(p) and k not in own])
+    published, theirs = RENAMED.get(config["model_type"], ("", ""))
+    block.load_weights([(k[len(p):].replace(published, theirs, 1) if published else k[len(p):], mx.array(v))
+                        for k, v in raw.items() if k.startswith(p) and k not in own])
     return block
 
 
@@ -84,15 +95,18 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
     target, _ = load_model(path)
     engine = mlx_spec.load(str(path))
     ids = engine.encode(HEAD_TEXTS[1])
-    hidden = np.array(_run(target, ids, n) if pre else target.model(mx.array(ids)[None])[0])
+    hidden = np.array(pre_norm_states(target, ids) if pre else target.model(mx.array(ids)[None])[0])
 
     def rows(tokens: list[int], hidden: np.ndarray) -> np.ndarray:
         parts = [rms(raw["model.embed_tokens.weight"][tokens], embedding_norm), rms(hidden, hidden_norm)]
         return np.concatenate(parts[::-1] if hidden_first else parts, -1) @ proj.T
 
+    window = config.get(WINDOW.get(family, ""))
+
     def run(x: np.ndarray) -> np.ndarray:
         xa = mx.array(x)[None]
-        return np.array(block(xa, mask=create_attention_mask(xa, None, return_array=True), cache=KVCache())[0])
+        mask = create_attention_mask(xa, None, window_size=window, return_array=True)
+        return np.array(block(xa, mask=mask, cache=KVCache())[0])
 
     x = rows(ids[1:], hidden[:-1])
     y = run(x)
@@ -112,13 +126,15 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def _run(model, ids, layers):
-    """The last decoder layer's output over `ids` (before the final norm), through the first `layers`."""
-    h = model.model.embed_tokens(mx.array(ids)[None])
-    mask = create_attention_mask(h, None, return_array=True)
-    for layer in model.model.layers[:layers]:
-        h = layer(h, mask, None)
-    return h[0]
+def pre_norm_states(model, ids):
+    """The target's states over `ids` before its final norm: its own forward (its own masks, sliding windows
+    included) with the norm left out."""
+    language, norm = model.model, model.model.norm
+    language.norm = nn.Identity()
+    try:
+        return language(mx.array(ids)[None])[0]
+    finally:
+        language.norm = norm
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -168,6 +184,28 @@ def test_convert_keeps_and_grafts_the_nextn_layer(tiny, tmp_path, family):
                           "already holds")
 
 
+def test_add_mtp_fetches_only_the_shards_that_hold_the_layer(tiny, tmp_path):
+    """ERNIE's layer sits beside the target's tensors, under `model.` as they are: `convert --add-mtp` fetches the
+    shards holding its tensors and the target's final norm (which scores its drafts), not every shard."""
+    from safetensors.numpy import load_file, save_file
+
+    from mlx_spec.commands.convert import mtp_shards
+
+    source = shutil.copytree(tiny["ernie4_5_moe"], tmp_path / "sharded")
+    weights = load_file(str(source / "model.safetensors"))
+    (source / "model.safetensors").unlink()
+    shards = {"model-00001-of-00003.safetensors": lambda k: k.startswith(("model.layers.", "model.embed_tokens")),
+              "model-00002-of-00003.safetensors": lambda k: k.startswith("model.mtp_"),
+              "model-00003-of-00003.safetensors": lambda k: k in ("model.norm.weight", "lm_head.weight")}
+    weight_map = {}
+    for name, holds in shards.items():
+        save_file({k: v for k, v in weights.items() if holds(k)}, str(source / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in weights if holds(k)})
+    assert weight_map.keys() == weights.keys()
+    (source / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert mtp_shards(str(source)) == ["model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]
+
+
 def test_a_quantized_conversion_drafts_exactly(tiny, tmp_path):
     out = tmp_path / "q8"
     proc = run_cli("convert", "--hf-path", str(tiny["glm4_moe"]), "--mlx-path", str(out), "-q", "--q-bits", "8",
@@ -185,7 +223,7 @@ def test_unsupported_nextn_variants_are_refused(tiny, tmp_path):
     config = json.loads((declared / "config.json").read_text())
     (declared / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
     assert_one_line_error(run_cli("generate", "--model", str(declared), "--drafter", "mtp", "--prompt", "hi"),
-                          "nextn layers of deepseek_v3, glm4_moe, glm4_moe_lite, mimo, exaone_moe, ernie4_5_moe only", "'qwen3'",
+                          "nextn layers of deepseek_v3, glm4_moe, glm4_moe_lite, mimo, exaone_moe, ernie4_5_moe, mimo_v2_flash only", "'qwen3'",
                           "--drafter ngram")
     misfit = edited_copy(tiny["glm4_moe"], tmp_path / "misfit",
                          lambda w: {k: (v[:, :-1] if k.endswith(".eh_proj.weight") else v) for k, v in w.items()})

@@ -1,5 +1,5 @@
 """Tiny checkpoints in the Hugging Face layout of each nextn family (DeepSeek-V3: MLA + MoE, GLM-4.5: GQA + MoE,
-GLM-4.7-Flash: MLA + GLM's MoE, MiMo-7B, K-EXAONE, ERNIE 4.5 MoE), each with its MTP layer under the names its
+GLM-4.7-Flash: MLA + GLM's MoE, MiMo-7B, K-EXAONE, ERNIE 4.5 MoE, MiMo-V2-Flash), each with its MTP layer under the names its
 publisher uses (DeepSeek's and GLM's as `model.layers.{num_hidden_layers}.*`, copies of the embedding and output
 head included)."""
 
@@ -13,7 +13,7 @@ from tiny import write_checkpoint
 
 from mlx_spec.models.nextn import FAMILIES, prefix
 
-NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe", "ernie4_5_moe")
+NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe", "ernie4_5_moe", "mimo_v2_flash")
 MLA = ("deepseek_v3", "glm4_moe_lite")  # attention with compressed keys and values (q_a / kv_a projections)
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
        "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
@@ -56,6 +56,17 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
                 "rope_theta": 500000.0, "use_rmsnorm": True, "use_bias": False, "moe_num_experts": 4,
                 "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "moe_layer_interval": 1,
                 "moe_intermediate_size": 32, "moe_k": 2, "moe_gate": "topk", "moe_use_aux_free": True}
+    if family == "mimo_v2_flash":  # MiMo-V2-Flash's keys: global and sliding-window layers (with attention sinks)
+        return {**{k: v for k, v in common.items() if k not in ("rms_norm_eps", "n_shared_experts")},
+                "architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash",
+                "num_key_value_heads": 1, "head_dim": 24, "v_head_dim": 16, "swa_num_attention_heads": 4,
+                "swa_num_key_value_heads": 2, "swa_head_dim": 24, "swa_v_head_dim": 16,
+                "partial_rotary_factor": 0.334, "rope_theta": 5000000.0, "swa_rope_theta": 10000.0,
+                "sliding_window": 4, "sliding_window_size": 4, "attention_chunk_size": 4,
+                "hybrid_layer_pattern": [0] + [1] * (layers - 1), "moe_layer_freq": [0] + [1] * (layers - 1),
+                "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False,
+                "n_shared_experts": None, "routed_scaling_factor": None, "n_group": 1, "topk_group": 1,
+                "layernorm_epsilon": 1e-6, "attention_value_scale": 0.707}
     return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_key_value_heads": 2,
             "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True,
             "rope_scaling": None, "n_group": 1}
@@ -63,6 +74,8 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
 
 def is_moe(cfg: dict, i: int) -> bool:
     """Whether layer i (the MTP block: i = num_hidden_layers) is a mixture of experts."""
+    if "moe_layer_freq" in cfg and isinstance(cfg["moe_layer_freq"], list):
+        return i < len(cfg["moe_layer_freq"]) and cfg["moe_layer_freq"][i] == 1
     if "is_moe_layer" in cfg:
         return i < len(cfg["is_moe_layer"]) and cfg["is_moe_layer"][i]
     if cfg["model_type"] == "ernie4_5_moe":  # its MTP block is dense
@@ -76,6 +89,8 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
         return exaone_layer_shapes(cfg, p, moe)
     if cfg["model_type"] == "ernie4_5_moe":
         return ernie_layer_shapes(cfg, p, moe)
+    if cfg["model_type"] == "mimo_v2_flash":
+        return mimo_v2_layer_shapes(cfg, p, moe)
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
     if cfg["model_type"] in MLA:
@@ -156,6 +171,33 @@ def ernie_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...
                    p + "mlp.shared_experts.gate_proj.weight": (shared, h),
                    p + "mlp.shared_experts.up_proj.weight": (shared, h),
                    p + "mlp.shared_experts.down_proj.weight": (h, shared)})
+    for e in range(experts):
+        shapes.update({p + f"mlp.experts.{e}.gate_proj.weight": (inter, h),
+                       p + f"mlp.experts.{e}.up_proj.weight": (inter, h),
+                       p + f"mlp.experts.{e}.down_proj.weight": (h, inter)})
+    return shapes
+
+
+def mimo_v2_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
+    """MiMo-V2-Flash's layer: no biases; a sliding-window layer (the MTP block's kind) has its own head counts and
+    dimensions and an attention sink per head; the MTP block names its second norm `pre_mlp_layernorm`; routed
+    experts only."""
+    h, i = cfg["hidden_size"], int(p.rsplit(".", 2)[-2]) if p.startswith("model.layers.") else None
+    sliding = i is None or cfg["hybrid_layer_pattern"][i] == 1
+    heads, kv, hd, vd = (cfg[f"{'swa_' if sliding else ''}{key}"]
+                         for key in ("num_attention_heads", "num_key_value_heads", "head_dim", "v_head_dim"))
+    second = "pre_mlp_layernorm" if i is None else "post_attention_layernorm"
+    shapes = {p + "input_layernorm.weight": (h,), p + f"{second}.weight": (h,),
+              p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
+              p + "self_attn.v_proj.weight": (kv * vd, h), p + "self_attn.o_proj.weight": (h, heads * vd)}
+    if sliding:
+        shapes[p + "self_attn.attention_sink_bias"] = (heads,)
+    if not moe:
+        inter = cfg["intermediate_size"]
+        return {**shapes, p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter)}
+    inter, experts = cfg["moe_intermediate_size"], cfg["n_routed_experts"]
+    shapes.update({p + "mlp.gate.weight": (experts, h), p + "mlp.gate.e_score_correction_bias": (experts,)})
     for e in range(experts):
         shapes.update({p + f"mlp.experts.{e}.gate_proj.weight": (inter, h),
                        p + f"mlp.experts.{e}.up_proj.weight": (inter, h),
@@ -248,15 +290,17 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
 
 
 def target_states(target, sequence: list[int]):
-    """The target's last layer's outputs over `sequence`, before its final norm."""
+    """The target's states over `sequence` before its final norm: its own forward (sliding windows included) with
+    the norm left out."""
     import mlx.core as mx
-    from mlx_lm.models.base import create_attention_mask
+    import mlx.nn as nn
 
-    h = target.model.embed_tokens(mx.array(sequence)[None])
-    mask = create_attention_mask(h, None, return_array=True)
-    for layer in target.model.layers:
-        h = layer(h, mask, None)
-    return h[0]
+    language, norm = target.model, target.model.norm
+    language.norm = nn.Identity()
+    try:
+        return language(mx.array(sequence)[None])[0]
+    finally:
+        language.norm = norm
 
 
 def with_trained_nextn(checkpoint: Path, trained_dir: Path) -> Path:

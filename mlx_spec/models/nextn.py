@@ -14,7 +14,9 @@ layer Xiaomi's own vLLM code feeds the state before it (`reads`). Only the first
 has several. K-EXAONE stores its layer as Qwen3.5 does (`mtp.*`, the block under `mtp.layers.0.`) but declares it
 as `num_nextn_predict_layers`, with plain norms: it is read here. ERNIE 4.5 stores its layer beside the target's
 tensors (`model.mtp_*.0`) with no output norm of its own: its drafts are scored through the target's final norm, as
-Baidu's training code and transformers do (vLLM and SGLang score the block's output unnormed).
+Baidu's training code and transformers do (vLLM and SGLang score the block's output unnormed). MiMo-V2-Flash's
+block attends within a sliding window, with its own cache of that window; its layer reads the target's state
+before the final norm, as Xiaomi's SGLang code hands it (vLLM hands it the state after).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from mlx_lm.models import (
     glm4_moe,
     glm4_moe_lite,
     mimo,
+    mimo_v2_flash,
 )
 from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from ..seams import compat
 from ..seams.errors import SpecError
@@ -45,8 +49,10 @@ class Family:
     """How one family stores and computes its layer: mlx-lm's module for it (whose decoder layer is the block and
     whose `Model.sanitize` converts the block's tensors), the block (`block(args)`), the names of the embedding
     norm, hidden norm, projection and output norm under `prefix` ({n}: the target's num_hidden_layers), where the
-    block's own tensors are under it, the copies of the target's tensors stored there (ignored), the projection's input order,
-    the state fed back and the target's state read."""
+    block's own tensors are under it, the copies of the target's tensors stored there (ignored), the projection's
+    input order, the state fed back, the target's state read, the block's tensors whose published names differ from
+    mlx-lm's (`renames`), the name of the norms' epsilon in mlx-lm's ModelArgs and the block's attention window
+    (`window(args)`; None: full attention)."""
 
     module: object
     block: Callable[[object], nn.Module]
@@ -57,6 +63,9 @@ class Family:
     hidden_first: bool = False
     feeds_normed: bool = False
     reads: str = "post"  # the target's state it reads: after its final norm, or before ("pre")
+    renames: tuple[tuple[str, str], ...] = ()  # (published, mlx-lm's) prefixes of the block's tensors
+    eps: str = "rms_norm_eps"
+    window: Callable[[object], int | None] = lambda args: None
 
 
 FAMILIES = {
@@ -75,6 +84,11 @@ FAMILIES = {
     "ernie4_5_moe": Family(ernie4_5_moe, lambda args: ernie4_5_moe.Ernie4_5_DecoderLayer(args, layer_idx=0),  # dense
         ("mtp_emb_norm.0", "mtp_hidden_norm.0", "mtp_linear_proj.0", "norm"), "model.", block_prefix="mtp_block.0.",
         copies=()),  # ERNIE 4.5 MoE: the layer's tensors beside the target's, its output norm the target's own
+    "mimo_v2_flash": Family(mimo_v2_flash, lambda args: mimo_v2_flash.DecoderLayer(  # MiMo-V2-Flash: a dense
+        args, is_moe=False, is_sliding_window=True), ("enorm", "hnorm", "eh_proj", "final_layernorm"),  # block
+        "model.mtp.layers.0.", copies=(), feeds_normed=True, reads="pre",  # with sliding-window attention and
+        renames=(("pre_mlp_layernorm.", "post_attention_layernorm."),), eps="layernorm_epsilon",  # sinks
+        window=lambda args: args.sliding_window_size),
 }
 STORED = "nextn."  # the prefix of the layer's tensors in `mlx-spec convert` output (mtp.safetensors)
 
@@ -101,7 +115,8 @@ class NextN(nn.Module):
         super().__init__()
         self.family = FAMILIES[config["model_type"]]
         self.args = self.family.module.ModelArgs.from_dict(config)
-        h, eps = self.args.hidden_size, self.args.rms_norm_eps
+        h, eps = self.args.hidden_size, getattr(self.args, self.family.eps)
+        self.window = self.family.window(self.args)
         self.enorm, self.hnorm = nn.RMSNorm(h, eps=eps), nn.RMSNorm(h, eps=eps)
         self.eh_proj = nn.Linear(2 * h, h, bias=False)
         self.layers = [self.family.block(self.args)]
@@ -111,8 +126,12 @@ class NextN(nn.Module):
         """The state fed back for the next draft."""
         parts = [self.enorm(embeddings), self.hnorm(hidden)]
         x = self.eh_proj(mx.concatenate(parts[::-1] if self.family.hidden_first else parts, -1))
-        y = self.layers[0](x, mask=create_attention_mask(x, cache[0], return_array=True), cache=cache[0])
+        mask = create_attention_mask(x, cache[0], window_size=self.window, return_array=True)
+        y = self.layers[0](x, mask=mask, cache=cache[0])
         return self.shared_norm(y) if self.family.feeds_normed else y
+
+    def make_cache(self) -> list:
+        return [RotatingKVCache(max_size=self.window) if self.window else KVCache()]
 
     def head_input(self, state: mx.array) -> mx.array:
         """What the target's head scores for a state `__call__` gave: its output norm."""
@@ -166,7 +185,7 @@ def build_nextn(config: dict, tensors: dict, original: bool, quantization: dict 
     family, weights = nextn.family, dict(tensors)
     if original:
         own, inner = ours(family), family.block_prefix
-        block = {k[len(inner):]: v for k, v in weights.items()
+        block = {renamed(k[len(inner):], family.renames): v for k, v in weights.items()
                  if k not in own and k.startswith(inner) and not k.startswith(family.copies)}
         weights = {**{mine: weights[theirs] for theirs, mine in own.items() if theirs in weights},
                    **{f"layers.0.{k}": v for k, v in compat.convert_layer(family.module, nextn.args, block).items()}}
@@ -174,6 +193,13 @@ def build_nextn(config: dict, tensors: dict, original: bool, quantization: dict 
         nn.quantize(nextn, group_size=quantization["group_size"], bits=quantization["bits"])
     load_exactly(nextn, weights, "the nextn layer's tensors do not fit this model ({})")
     return nextn
+
+
+def renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+    for published, theirs in renames:
+        if name.startswith(published):
+            return theirs + name[len(published):]
+    return name
 
 
 def load_nextn(path: Path, config: dict, files) -> NextN:
