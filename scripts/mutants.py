@@ -301,6 +301,14 @@ MUTANTS = [
            "        mask = create_attention_mask(x, cache[0], window_size=self.window, return_array=True)",
            "        mask = create_attention_mask(x, cache[0], return_array=True)",
            ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[mimo_v2_flash]",)),
+    Mutant("Step 3.5's zero-centred norms are read as plain ones", "mlx_spec/models/nextn.py",
+           "            weights = {k: v + 1 if k.endswith(\"norm.weight\") else v for k, v in weights.items()}",
+           "            weights = {k: v for k, v in weights.items()}",
+           ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[step3p5]",)),
+    Mutant("Step 3.5's layer scores with the target's head, not its own", "mlx_spec/drafters/qwen_mtp.py",
+           "    head = nextn.head if nextn.family.head else compat.output_head(target.model)",
+           "    head = compat.output_head(target.model)",
+           ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[step3p5]",)),
 ]
 
 

@@ -83,6 +83,7 @@ def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_
     ("exaone_moe", {"drafter": "mtp"}),  # Qwen3.5's layout over sliding-window and global layers
     ("ernie4_5_moe", {"drafter": "mtp"}),  # scored through the target's final norm
     ("mimo_v2_flash", {"drafter": "mtp"}),  # a sliding-window layer, its cache a window's
+    ("step3p5", {"drafter": "mtp"}),  # its own head, zero-centred norms
     ("qwen3", {"draft_model": "qwen3-eagle3"}),  # an EAGLE-3 head, chains
     ("qwen3", {"draft_model": "qwen3-medusa"}),  # Medusa heads, chains
     ("qwen3", {"draft_model": "qwen3-draft", "kv_bits": 8, "kv_group_size": 32}),  # quantized KV, target and draft

@@ -1,9 +1,9 @@
 """The nextn MTP layers of DeepSeek-V3 (MLA + MoE), GLM-4.5 (GQA + MoE), GLM-4.7-Flash (MLA + GLM's MoE), MiMo-7B
-(Qwen2's block, Qwen3.5's equations), K-EXAONE (Qwen3.5's names and equations, a dense global-attention block) and
-ERNIE 4.5 MoE (its tensors beside the target's, scored through the target's final norm) and MiMo-V2-Flash (a
-sliding-window block with attention sinks): the layer against a NumPy
-transcription of each family's equations, exact drafting with rollbacks of every cache, convert keeping and grafting
-the layer, refusals."""
+(Qwen2's block, Qwen3.5's equations), K-EXAONE (Qwen3.5's names and equations, a dense global-attention block),
+ERNIE 4.5 MoE (its tensors beside the target's, scored through the target's final norm), MiMo-V2-Flash (a
+sliding-window block with attention sinks) and Step 3.5 Flash (its own head, zero-centred norms): the layer against
+a NumPy transcription of each family's equations, exact drafting with rollbacks of every cache, convert keeping
+and grafting the layer, refusals."""
 
 import importlib
 import json
@@ -46,7 +46,11 @@ REFERENCE = {
                      False, False, False),
     # vLLM's MiMoV2MTPLayer; the target's pre-norm state, as Xiaomi's SGLang code (multi-layer EAGLE) hands it
     "mimo_v2_flash": ("model.mtp.layers.0.", ("enorm", "hnorm", "eh_proj", "final_layernorm"), False, True, True),
+    # vLLM's Step3p5AMultiTokenPredictorLayer: GemmaRMSNorms, its own shared_head, the target's pre-norm state
+    "step3p5": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "transformer.shared_head.norm"), False, False, True),
 }
+ZERO_CENTRED = {"step3p5"}  # its norms compute x * (1 + w)
+OWN_HEAD = {"step3p5": "transformer.shared_head.output"}  # scores with this, not the target's lm_head
 BLOCKS = {
     "mimo": (lambda module, args: module.TransformerBlock(args), "model.mtp_layers.0."),
     "exaone_moe": (lambda module, args: module.DecoderLayer(replace(  # a dense layer with global attention
@@ -58,7 +62,7 @@ BLOCKS = {
 }
 # where the block's tensors are named otherwise than mlx-lm's layer names them, and where it attends to a window
 RENAMED = {"mimo_v2_flash": ("pre_mlp_layernorm.", "post_attention_layernorm.")}
-WINDOW = {"mimo_v2_flash": "sliding_window_size"}
+WINDOW = {"mimo_v2_flash": "sliding_window_size", "step3p5": "sliding_window"}
 
 
 def reference_block(path, config: dict, raw: dict, own: set[str]):
@@ -80,9 +84,10 @@ def reference_block(path, config: dict, raw: dict, own: set[str]):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_nextn_layer_is_its_equations(tiny, family):
     """x = proj(concat[embedding_norm(embed(t+1)), hidden_norm(h)]) (MiMo: hidden first), the decoder block, the
-    target's head over output_norm(x): the drafter's scores for a first draft, and its distributions for a first
-    and a chained draft (the state fed back: the block's output, or its output norm's), against NumPy on the checkpoint's own tensors, the block
-    run by mlx-lm, `h` the target's post-norm state (MiMo: pre-norm)."""
+    target's head (Step 3.5: its own) over output_norm(x): the drafter's scores for a first draft, and its
+    distributions for a first and a chained draft (the state fed back: the block's output, or its output norm's),
+    against NumPy on the checkpoint's own tensors, the block run by mlx-lm, `h` the target's post-norm state (MiMo,
+    MiMo-V2-Flash, Step 3.5: pre-norm)."""
     from safetensors.numpy import load_file
 
     path = tiny[family]
@@ -91,6 +96,9 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
     where, names, hidden_first, feeds_normed, pre = REFERENCE[family]
     p = where.format(n=n)
     embedding_norm, hidden_norm, proj, out_norm = (raw[f"{p}{name}.weight"] for name in names)
+    if family in ZERO_CENTRED:
+        embedding_norm, hidden_norm, out_norm = embedding_norm + 1, hidden_norm + 1, out_norm + 1
+    head = raw[f"{p}{OWN_HEAD[family]}.weight" if family in OWN_HEAD else "lm_head.weight"]
     block = reference_block(path, config, raw, {f"{p}{name}.weight" for name in names})
     target, _ = load_model(path)
     engine = mlx_spec.load(str(path))
@@ -110,14 +118,14 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
 
     x = rows(ids[1:], hidden[:-1])
     y = run(x)
-    logits = rms(y, out_norm) @ raw["lm_head.weight"].T
+    logits = rms(y, out_norm) @ head.T
     drafter = engine.drafter
     drafter.begin(ids, engine.target.prefill(ids[:-1]))
     np.testing.assert_allclose(np.array(drafter.next_logits[0]), logits[-1], rtol=1e-3, atol=1e-3)
     proposal = drafter.propose(ids, 2, mlx_spec.SamplingParams(temperature=1.0), mx.random.key(0))
     first = int(proposal.tokens[0].item())  # sampled: the chained draft's scores are compared whole
     fed = rms(y[-1:], out_norm) if feeds_normed else y[-1:]
-    chained = rms(run(np.concatenate([x, rows([first], fed)]))[-1], out_norm) @ raw["lm_head.weight"].T
+    chained = rms(run(np.concatenate([x, rows([first], fed)]))[-1], out_norm) @ head.T
     np.testing.assert_allclose(np.array(proposal.q), softmax(np.stack([logits[-1], chained])), rtol=1e-3, atol=1e-5)
 
 
@@ -155,8 +163,9 @@ def test_nextn_drafting_is_exact(tiny, family):
     assert 0 < accepted < drafted
 
 
-# the layer past the last, in its own list, and beside the target's tensors (its output norm the target's)
-@pytest.mark.parametrize("family", ["deepseek_v3", "mimo", "ernie4_5_moe"])
+# the layer past the last, in its own list, beside the target's tensors (its output norm the target's), and with
+# zero-centred norms (shifted once, on conversion)
+@pytest.mark.parametrize("family", ["deepseek_v3", "mimo", "ernie4_5_moe", "step3p5"])
 def test_convert_keeps_and_grafts_the_nextn_layer(tiny, tmp_path, family):
     from mlx_lm.convert import convert
 
@@ -223,8 +232,7 @@ def test_unsupported_nextn_variants_are_refused(tiny, tmp_path):
     config = json.loads((declared / "config.json").read_text())
     (declared / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
     assert_one_line_error(run_cli("generate", "--model", str(declared), "--drafter", "mtp", "--prompt", "hi"),
-                          "nextn layers of deepseek_v3, glm4_moe, glm4_moe_lite, mimo, exaone_moe, ernie4_5_moe, mimo_v2_flash only", "'qwen3'",
-                          "--drafter ngram")
+                          f"nextn layers of {', '.join(NEXTN_FAMILIES)} only", "'qwen3'", "--drafter ngram")
     misfit = edited_copy(tiny["glm4_moe"], tmp_path / "misfit",
                          lambda w: {k: (v[:, :-1] if k.endswith(".eh_proj.weight") else v) for k, v in w.items()})
     assert_one_line_error(run_cli("generate", "--model", str(misfit), "--prompt", "hi"),

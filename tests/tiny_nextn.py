@@ -1,7 +1,7 @@
 """Tiny checkpoints in the Hugging Face layout of each nextn family (DeepSeek-V3: MLA + MoE, GLM-4.5: GQA + MoE,
-GLM-4.7-Flash: MLA + GLM's MoE, MiMo-7B, K-EXAONE, ERNIE 4.5 MoE, MiMo-V2-Flash), each with its MTP layer under the names its
-publisher uses (DeepSeek's and GLM's as `model.layers.{num_hidden_layers}.*`, copies of the embedding and output
-head included)."""
+GLM-4.7-Flash: MLA + GLM's MoE, MiMo-7B, K-EXAONE, ERNIE 4.5 MoE, MiMo-V2-Flash, Step 3.5 Flash), each with its MTP
+layer under the names its publisher uses (DeepSeek's and GLM's as `model.layers.{num_hidden_layers}.*`, copies of
+the embedding and output head included)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from tiny import write_checkpoint
 
 from mlx_spec.models.nextn import FAMILIES, prefix
 
-NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe", "ernie4_5_moe", "mimo_v2_flash")
+NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe", "ernie4_5_moe", "mimo_v2_flash",
+                  "step3p5")
 MLA = ("deepseek_v3", "glm4_moe_lite")  # attention with compressed keys and values (q_a / kv_a projections)
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
        "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
@@ -67,6 +68,25 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
                 "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False,
                 "n_shared_experts": None, "routed_scaling_factor": None, "n_group": 1, "topk_group": 1,
                 "layernorm_epsilon": 1e-6, "attention_value_scale": 0.707}
+    if family == "step3p5":  # Step 3.5 Flash's keys (per-layer lists cover the MTP layer); zero-centred norms
+        kinds = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers + 1)]
+        return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["Step3p5ForCausalLM"],
+                "model_type": "step3p5", "num_attention_groups": 2, "head_dim": 16,
+                "attention_other_setting": {"attention_type": "sliding_attention", "num_attention_heads": 6,
+                                            "num_attention_groups": 2, "head_dim": 16, "true_head_dim": 16},
+                "layer_types": kinds, "sliding_window": 4, "use_head_wise_attn_gate": True, "use_qk_norm": True,
+                "rope_theta": [5000000.0 if k == "full_attention" else 10000.0 for k in kinds],
+                "partial_rotary_factors": [0.5 if k == "full_attention" else 1.0 for k in kinds],
+                "rope_scaling": {"rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 64,
+                                 "low_freq_factor": 1.0, "high_freq_factor": 32.0},
+                "yarn_only_types": ["full_attention"], "max_seq_len": 4096, "use_moe": True,
+                "moe_layers_enum": ",".join(str(i) for i in range(1, layers)), "moe_num_experts": 4,
+                "moe_top_k": 2, "moe_intermediate_size": 32, "share_expert_dim": 32,
+                "moe_router_activation": "sigmoid", "moe_router_scaling_factor": 3.0, "norm_expert_weight": True,
+                "use_moe_router_bias": True, "need_fp32_gate": True, "att_impl_type": "GQA",
+                "moe_layer_offset": 0, "moe_every_n_layer": 1, "swiglu_limits": [0.0] * (layers - 1) + [7.0, 0.0],
+                "swiglu_limits_shared": [0.0] * (layers - 1) + [16.0, 0.0], "zero_centered": True,
+                "sink": False, "use_rope_layers": []}
     return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_key_value_heads": 2,
             "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True,
             "rope_scaling": None, "n_group": 1}
@@ -74,6 +94,8 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
 
 def is_moe(cfg: dict, i: int) -> bool:
     """Whether layer i (the MTP block: i = num_hidden_layers) is a mixture of experts."""
+    if "moe_layers_enum" in cfg:
+        return str(i) in cfg["moe_layers_enum"].split(",")
     if "moe_layer_freq" in cfg and isinstance(cfg["moe_layer_freq"], list):
         return i < len(cfg["moe_layer_freq"]) and cfg["moe_layer_freq"][i] == 1
     if "is_moe_layer" in cfg:
@@ -91,6 +113,8 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
         return ernie_layer_shapes(cfg, p, moe)
     if cfg["model_type"] == "mimo_v2_flash":
         return mimo_v2_layer_shapes(cfg, p, moe)
+    if cfg["model_type"] == "step3p5":
+        return step3p5_layer_shapes(cfg, p, moe)
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
     if cfg["model_type"] in MLA:
@@ -205,8 +229,32 @@ def mimo_v2_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, .
     return shapes
 
 
+def step3p5_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
+    """Step 3.5's layer: q / k norms and a gate per head; a sliding-window layer has its own head counts; its
+    experts stored stacked, beside a shared expert."""
+    h, hd, kv = cfg["hidden_size"], cfg["head_dim"], cfg["num_attention_groups"]
+    sliding = cfg["layer_types"][int(p.rsplit(".", 2)[-2])] == "sliding_attention"
+    heads = cfg["attention_other_setting" if sliding else "num_attention_heads"]
+    heads = heads["num_attention_heads"] if sliding else heads
+    shapes = {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+              p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
+              p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, heads * hd),
+              p + "self_attn.g_proj.weight": (heads, h), p + "self_attn.q_norm.weight": (hd,),
+              p + "self_attn.k_norm.weight": (hd,)}
+    if not moe:
+        inter = cfg["intermediate_size"]
+        return {**shapes, p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter)}
+    experts, inter, shared = cfg["moe_num_experts"], cfg["moe_intermediate_size"], cfg["share_expert_dim"]
+    return {**shapes, p + "moe.gate.weight": (experts, h), p + "moe.router_bias": (experts,),
+            p + "moe.gate_proj.weight": (experts, inter, h), p + "moe.up_proj.weight": (experts, inter, h),
+            p + "moe.down_proj.weight": (experts, h, inter), p + "share_expert.gate_proj.weight": (shared, h),
+            p + "share_expert.up_proj.weight": (shared, h), p + "share_expert.down_proj.weight": (h, shared)}
+
+
 def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
-    """Norms near 1, biases and the router's correction bias small, matrices scaled by their fan-in."""
+    """Norms near 1 (near 0 where stored zero-centred), biases and the router's correction bias small, matrices
+    scaled by their fan-in, the output heads and embedding by 0.5."""
     rng = np.random.default_rng(seed)
     h, v, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
@@ -216,17 +264,17 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     shapes.update(layer_shapes(cfg, p + family.block_prefix, moe=is_moe(cfg, n)))
     embedding, hidden, proj, out = family.names
     shapes.update({f"{p}{embedding}.weight": (h,), f"{p}{hidden}.weight": (h,), f"{p}{proj}.weight": (h, 2 * h),
-                   f"{p}{out}.weight": (h,)})
+                   f"{p}{out}.weight": (h,), **({f"{p}{family.head}.weight": (v, h)} if family.head else {})})
     weights = {}
     for name, shape in shapes.items():
         if name.endswith("norm.weight"):
-            weights[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            weights[name] = (float(not family.zero_centred) + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         elif len(shape) == 1:
             weights[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
-        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+        elif name in ("model.embed_tokens.weight", "lm_head.weight", f"{p}{family.head}.weight"):
             weights[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
         else:
-            weights[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+            weights[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
     if family.copies:  # DeepSeek and GLM store copies of the embedding and head
         weights[p + "embed_tokens.weight"] = weights["model.embed_tokens.weight"]
         weights[p + "shared_head.head.weight"] = weights["lm_head.weight"]
@@ -244,11 +292,11 @@ TRAINED = "nextn.safetensors"  # the trained tensors alone, which `with_trained_
 
 
 def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: int = 150, seed: int = 0) -> Path:
-    """Train the nextn layer's own tensors (its norms and eh_proj; the decoder block stays as drawn, and so does
-    the target's final norm where the layer scores through it) on the target's greedy continuations of `texts`, and
-    write them (HF names) to `out_dir`/TRAINED: row p pairs embed(t_{p+1}) with the target's state at p (post-norm,
-    or pre-norm where the family reads that) and learns the target's choice after p + 1, so that drafting those
-    texts gets drafts accepted."""
+    """Train the nextn layer's own tensors (its norms, eh_proj and any head of its own; the decoder block stays as
+    drawn, and so does the target's final norm where the layer scores through it) on the target's greedy
+    continuations of `texts`, and write them (HF names) to `out_dir`/TRAINED: row p pairs embed(t_{p+1}) with the
+    target's state at p (post-norm, or pre-norm where the family reads that) and learns the target's choice after
+    p + 1, so that drafting those texts gets drafts accepted."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.models.cache import KVCache
@@ -275,16 +323,20 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
     mx.eval(rows)
 
     def loss(nextn):
-        total = 0.0
+        total, head = 0.0, nextn.head if family.head else target.lm_head
         for embeddings, hidden, labels in rows:
             out = nextn(embeddings[None], hidden[None], [KVCache()])[0]
-            total = total + nn.losses.cross_entropy(target.lm_head(nextn.head_input(out)), labels).mean()
+            total = total + nn.losses.cross_entropy(head(nextn.head_input(out)), labels).mean()
         return total / len(rows)
+
+    def published(name: str, value) -> np.ndarray:  # a zero-centred family stores its norms less their 1
+        return np.array(value - 1 if family.zero_centred and name.endswith("norm.weight") else value)
 
     fit(nextn, loss, steps, 1e-2)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file({p + theirs: np.array(getattr(nextn, mine.removesuffix(".weight")).weight) for theirs, mine in own.items()},
+    save_file({p + theirs: published(theirs, getattr(nextn, mine.removesuffix(".weight")).weight)
+               for theirs, mine in own.items()},
               str(out_dir / TRAINED), metadata={"format": "pt"})
     return out_dir
 

@@ -249,7 +249,7 @@ def build_nextn(pairing: Pairing, runner) -> MTPDrafter:
     target = pairing.target
     check_supported(target.config, target.path)
     nextn = load_nextn(target.path, target.config, checkpoint_files(target.path))
-    head = compat.output_head(target.model)
+    head = nextn.head if nextn.family.head else compat.output_head(target.model)
     return MTPDrafter(nextn, compat.input_embedding(target.model), lambda x: head(nextn.head_input(x)))
 
 

@@ -6,7 +6,7 @@ position p and `token` the one at p + 1:
 
     x = proj(concat[embed_norm(embed(token)), hidden_norm(hidden)])     (MiMo: [hidden_norm(hidden), embed_norm(..)])
     y = block(x)                     one decoder layer of the family's own kind, with its own KV cache
-    logits = lm_head(out_norm(y))    the target's head (the copies some checkpoints store are the same tensors)
+    logits = lm_head(out_norm(y))    the target's head (copies some checkpoints store are the same; Step 3.5: its own)
 
 and the state fed back for the next draft is y (DeepSeek-V3 / GLM: `feeds_normed` False) or out_norm(y) (the
 families whose equations are Qwen3.5's). `hidden` is the target's state after its final norm, but for MiMo, whose
@@ -16,7 +16,9 @@ as `num_nextn_predict_layers`, with plain norms: it is read here. ERNIE 4.5 stor
 tensors (`model.mtp_*.0`) with no output norm of its own: its drafts are scored through the target's final norm, as
 Baidu's training code and transformers do (vLLM and SGLang score the block's output unnormed). MiMo-V2-Flash's
 block attends within a sliding window, with its own cache of that window; its layer reads the target's state
-before the final norm, as Xiaomi's SGLang code hands it (vLLM hands it the state after).
+before the final norm, as Xiaomi's SGLang code hands it (vLLM hands it the state after). Step 3.5 Flash's layers
+(three; the first drafts every depth, as vLLM's recipe runs it) score with their own head, through zero-centred
+norms, over the target's pre-norm state, their block a sliding-window one.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from mlx_lm.models import (
     glm4_moe_lite,
     mimo,
     mimo_v2_flash,
+    step3p5,
 )
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache, RotatingKVCache
@@ -51,8 +54,9 @@ class Family:
     norm, hidden norm, projection and output norm under `prefix` ({n}: the target's num_hidden_layers), where the
     block's own tensors are under it, the copies of the target's tensors stored there (ignored), the projection's
     input order, the state fed back, the target's state read, the block's tensors whose published names differ from
-    mlx-lm's (`renames`), the name of the norms' epsilon in mlx-lm's ModelArgs and the block's attention window
-    (`window(args)`; None: full attention)."""
+    mlx-lm's (`renames`), the name of the norms' epsilon in mlx-lm's ModelArgs, the block's attention window
+    (`window(args)`; None: full attention), the name of the layer's own output head (None: the target's) and
+    whether its norms are stored zero-centred (x * (1 + w))."""
 
     module: object
     block: Callable[[object], nn.Module]
@@ -66,6 +70,8 @@ class Family:
     renames: tuple[tuple[str, str], ...] = ()  # (published, mlx-lm's) prefixes of the block's tensors
     eps: str = "rms_norm_eps"
     window: Callable[[object], int | None] = lambda args: None
+    head: str | None = None
+    zero_centred: bool = False
 
 
 FAMILIES = {
@@ -89,6 +95,10 @@ FAMILIES = {
         "model.mtp.layers.0.", copies=(), feeds_normed=True, reads="pre",  # with sliding-window attention and
         renames=(("pre_mlp_layernorm.", "post_attention_layernorm."),), eps="layernorm_epsilon",  # sinks
         window=lambda args: args.sliding_window_size),
+    "step3p5": Family(step3p5, lambda args: step3p5.Step3p5DecoderLayer(args, layer_idx=args.num_hidden_layers),
+        ("enorm", "hnorm", "eh_proj", "transformer.shared_head.norm"), copies=(), reads="pre",  # Step 3.5 Flash:
+        window=lambda args: args.sliding_window if args.layer_types[args.num_hidden_layers] == "sliding_attention"
+        else None, head="transformer.shared_head.output", zero_centred=True),  # the first of its three layers
 }
 STORED = "nextn."  # the prefix of the layer's tensors in `mlx-spec convert` output (mtp.safetensors)
 
@@ -121,6 +131,8 @@ class NextN(nn.Module):
         self.eh_proj = nn.Linear(2 * h, h, bias=False)
         self.layers = [self.family.block(self.args)]
         self.shared_norm = nn.RMSNorm(h, eps=eps)
+        if self.family.head:
+            self.head = nn.Linear(h, self.args.vocab_size, bias=False)
 
     def __call__(self, embeddings: mx.array, hidden: mx.array, cache: list) -> mx.array:
         """The state fed back for the next draft."""
@@ -158,8 +170,9 @@ def layer_name(config: dict, key: str) -> str | None:
 
 def ours(family: Family) -> dict[str, str]:
     """The layer's own tensors' names as published -> as NextN's parameters."""
-    return {f"{theirs}.weight": f"{mine}.weight"
-            for theirs, mine in zip(family.names, ("enorm", "hnorm", "eh_proj", "shared_norm"))}
+    names = {**dict(zip(family.names, ("enorm", "hnorm", "eh_proj", "shared_norm"))),
+             **({family.head: "head"} if family.head else {})}
+    return {f"{theirs}.weight": f"{mine}.weight" for theirs, mine in names.items()}
 
 
 def read_nextn_tensors(files, config: dict) -> tuple[dict, bool]:
@@ -189,6 +202,8 @@ def build_nextn(config: dict, tensors: dict, original: bool, quantization: dict 
                  if k not in own and k.startswith(inner) and not k.startswith(family.copies)}
         weights = {**{mine: weights[theirs] for theirs, mine in own.items() if theirs in weights},
                    **{f"layers.0.{k}": v for k, v in compat.convert_layer(family.module, nextn.args, block).items()}}
+        if family.zero_centred:  # mlx-lm's norms multiply by w: its sanitize adds the 1 to a target's, not here
+            weights = {k: v + 1 if k.endswith("norm.weight") else v for k, v in weights.items()}
     if quantization:
         nn.quantize(nextn, group_size=quantization["group_size"], bits=quantization["bits"])
     load_exactly(nextn, weights, "the nextn layer's tensors do not fit this model ({})")
