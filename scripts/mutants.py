@@ -309,6 +309,14 @@ MUTANTS = [
            "    head = nextn.head if nextn.family.head else compat.output_head(target.model)",
            "    head = compat.output_head(target.model)",
            ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[step3p5]",)),
+    Mutant("a rollback leaves a sparse attention's indexer keys", "mlx_spec/seams/caches.py",
+           "lower the draft length\")\n    for cache in layers_of(caches):",
+           "lower the draft length\")\n    for cache in [c.caches[0] if isinstance(c, CacheList) else c for c in caches]:",
+           ("tests/test_nextn.py::test_nextn_drafting_is_exact[deepseek_v32]",)),
+    Mutant("a sparse attention's nextn block masks as if its cache were the attention's", "mlx_spec/models/nextn.py",
+           "        attention = cache[0][0] if self.family.indexed else cache[0]",
+           "        attention = cache[0]",
+           ("tests/test_nextn.py::test_nextn_drafting_is_exact[deepseek_v32]",)),
 ]
 
 

@@ -1,9 +1,9 @@
-"""The nextn MTP layers of DeepSeek-V3 (MLA + MoE), GLM-4.5 (GQA + MoE), GLM-4.7-Flash (MLA + GLM's MoE), MiMo-7B
-(Qwen2's block, Qwen3.5's equations), K-EXAONE (Qwen3.5's names and equations, a dense global-attention block),
-ERNIE 4.5 MoE (its tensors beside the target's, scored through the target's final norm), MiMo-V2-Flash (a
-sliding-window block with attention sinks) and Step 3.5 Flash (its own head, zero-centred norms): the layer against
-a NumPy transcription of each family's equations, exact drafting with rollbacks of every cache, convert keeping
-and grafting the layer, refusals."""
+"""The nextn MTP layers of DeepSeek-V3 (MLA + MoE), DeepSeek-V3.2 and GLM-5 (its sparse attention), GLM-4.5 (GQA
++ MoE), GLM-4.7-Flash (MLA + GLM's MoE), MiMo-7B (Qwen2's block, Qwen3.5's equations), K-EXAONE (Qwen3.5's names and
+equations, a dense global-attention block), ERNIE 4.5 MoE (its tensors beside the target's, scored through the
+target's final norm), MiMo-V2-Flash (a sliding-window block with attention sinks) and Step 3.5 Flash (its own head,
+zero-centred norms): the layer against a NumPy transcription of each family's equations, exact drafting with
+rollbacks of every cache, convert keeping and grafting the layer, refusals."""
 
 import importlib
 import json
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import assert_one_line_error, edited_copy, plain_greedy, run_cli
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import CacheList, KVCache
 from mlx_lm.utils import load_model
 from tiny import HEAD_TEXTS
 from tiny_nextn import NEXTN_FAMILIES
@@ -36,6 +36,9 @@ def rms(x, w, eps=1e-6):
 # and where its block is not stored as a layer past the last, the mlx-lm layer it is and where its tensors are.
 REFERENCE = {
     "deepseek_v3": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
+    # vLLM's deepseek_mtp.py over DeepSeek-V3.2's (and GLM-5's) sparse attention, its indexer with a cache of its own
+    "deepseek_v32": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
+    "glm_moe_dsa": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
     "glm4_moe": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
     "glm4_moe_lite": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False, False),
     "mimo": ("model.mtp_layers.0.", ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm"),
@@ -63,6 +66,7 @@ BLOCKS = {
 # where the block's tensors are named otherwise than mlx-lm's layer names them, and where it attends to a window
 RENAMED = {"mimo_v2_flash": ("pre_mlp_layernorm.", "post_attention_layernorm.")}
 WINDOW = {"mimo_v2_flash": "sliding_window_size", "step3p5": "sliding_window"}
+INDEXED = {"deepseek_v32", "glm_moe_dsa"}  # the block's cache: the attention's and its indexer's
 
 
 def reference_block(path, config: dict, raw: dict, own: set[str]):
@@ -114,7 +118,8 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
     def run(x: np.ndarray) -> np.ndarray:
         xa = mx.array(x)[None]
         mask = create_attention_mask(xa, None, window_size=window, return_array=True)
-        return np.array(block(xa, mask=mask, cache=KVCache())[0])
+        return np.array(block(xa, mask=mask, cache=CacheList(KVCache(), KVCache()) if family in INDEXED
+                              else KVCache())[0])
 
     x = rows(ids[1:], hidden[:-1])
     y = run(x)
@@ -237,3 +242,13 @@ def test_unsupported_nextn_variants_are_refused(tiny, tmp_path):
                          lambda w: {k: (v[:, :-1] if k.endswith(".eh_proj.weight") else v) for k, v in w.items()})
     assert_one_line_error(run_cli("generate", "--model", str(misfit), "--prompt", "hi"),
                           "nextn layer's tensors do not fit")
+
+
+def test_a_sparse_attentions_caches_are_never_quantized(tiny):
+    """DeepSeek-V3.2 / GLM-5 attend through an indexer whose keys mlx-lm cannot quantize: --kv-bits is refused by
+    name rather than decoding otherwise than asked."""
+    from mlx_spec.seams.caches import make_caches
+
+    target, _ = load_model(tiny["glm_moe_dsa"])
+    with pytest.raises(mlx_spec.SpecError, match="sparse attention .* cannot be quantized: drop --kv-bits"):
+        make_caches(target, 4, kv_bits=8)

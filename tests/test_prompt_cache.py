@@ -48,6 +48,7 @@ def next_draft(engine, context: list[int]):
     ("gemma3", {"draft_model": "gemma3-draft"}),  # sliding window
     ("qwen3_5-fitted-mtp", {"drafter": "mtp"}),  # Gated DeltaNet, restored at the prompt's end
     ("mimo_v2_flash", {"drafter": "mtp"}),  # a nextn layer's sliding-window cache, held and restored
+    ("glm_moe_dsa", {"drafter": "mtp"}),  # sparse attention: each layer's cache a CacheList, the nextn layer's too
     ("qwen3", {"draft_model": "qwen3-dflash"}),  # a block drafter's context
     ("llama", {"draft_model": "llama-eagle3"}),  # an EAGLE-3 head's rows
     ("qwen3", {"drafter": "ngram"}),

@@ -60,7 +60,7 @@ class OracleTreeDrafter(Drafter):
         pass
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("family", ["qwen3", "llama", "deepseek_v32"])  # full attention, DeepSeek's sparse one
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
 def test_tree_rounds_equal_plain_decoding(tiny, family, penalty):
     plain = mlx_spec.load(str(tiny[family]), drafter="off")
@@ -210,8 +210,9 @@ def test_sliding_window_targets_verify_trees_past_the_window(tiny):
     assert result.tokens == expected and result.stats.nodes > result.stats.drafted
     assert 0 < result.stats.accepted < result.stats.drafted
     engine = mlx_spec.load(str(tiny["gemma3"]), draft_model=str(tiny["gemma3-draft"]), tree_width=3)
-    assert engine.status().shape.startswith("chain (no tree: gemma3-draft has sliding-window layers, which verify a "
-                                            "tree in one forward but cannot grow one level by level")
+    assert engine.status().shape.startswith("chain (no tree: gemma3-draft has sliding-window or sparse-attention "
+                                            "layers, which verify a tree in one forward but cannot grow one level by "
+                                            "level")
     result = engine.generate(ids, max_tokens=60)
     assert result.tokens == expected[:60] and 0 < result.stats.accepted < result.stats.drafted
 

@@ -1,7 +1,7 @@
-"""Tiny checkpoints in the Hugging Face layout of each nextn family (DeepSeek-V3: MLA + MoE, GLM-4.5: GQA + MoE,
-GLM-4.7-Flash: MLA + GLM's MoE, MiMo-7B, K-EXAONE, ERNIE 4.5 MoE, MiMo-V2-Flash, Step 3.5 Flash), each with its MTP
-layer under the names its publisher uses (DeepSeek's and GLM's as `model.layers.{num_hidden_layers}.*`, copies of
-the embedding and output head included)."""
+"""Tiny checkpoints in the Hugging Face layout of each nextn family (DeepSeek-V3: MLA + MoE; DeepSeek-V3.2 and
+GLM-5: MLA with a sparse attention's indexer + MoE; GLM-4.5: GQA + MoE; GLM-4.7-Flash: MLA + GLM's MoE; MiMo-7B;
+K-EXAONE; ERNIE 4.5 MoE; MiMo-V2-Flash; Step 3.5 Flash), each with its MTP layer under the names its publisher uses
+(DeepSeek's and GLM's as `model.layers.{num_hidden_layers}.*`, copies of the embedding and output head included)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from tiny import write_checkpoint
 
 from mlx_spec.models.nextn import FAMILIES, prefix
 
-NEXTN_FAMILIES = ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe", "ernie4_5_moe", "mimo_v2_flash",
+NEXTN_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe", "ernie4_5_moe", "mimo_v2_flash",
                   "step3p5")
-MLA = ("deepseek_v3", "glm4_moe_lite")  # attention with compressed keys and values (q_a / kv_a projections)
+MLA = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite")  # compressed keys and values (q_a / kv_a)
+SPARSE = {"index_n_heads": 4, "index_head_dim": 16, "index_topk": 8}  # DeepSeek's sparse attention: an indexer
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
        "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
        "norm_topk_prob": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
@@ -33,6 +34,14 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
                 "qk_nope_head_dim": 16, "v_head_dim": 16, "moe_layer_freq": 1,
                 "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
                                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
+    if family == "deepseek_v32":  # DeepSeek-V3.2: V3's keys and the indexer's; the indexer picks 8 keys per query
+        return {**config("deepseek_v3", vocab, hidden, layers), "architectures": ["DeepseekV32ForCausalLM"],
+                "model_type": "deepseek_v32", "ep_size": 1, **SPARSE}
+    if family == "glm_moe_dsa":  # GLM-5, as zai-org publishes its config: DeepSeek-V3.2's layers
+        return {**config("deepseek_v3", vocab, hidden, layers), "architectures": ["GlmMoeDsaForCausalLM"],
+                "model_type": "glm_moe_dsa", "head_dim": 16, "qk_head_dim": 24, "rope_interleave": True,
+                "indexer_rope_interleave": True, "rope_scaling": None,
+                "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "dtype": "float32", **SPARSE}
     if family == "glm4_moe_lite":  # GLM-4.7-Flash, as zai-org publishes its config
         return {**common, "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite",
                 "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
@@ -127,6 +136,13 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
                        p + "self_attn.kv_b_proj.weight": (heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]),
                                                           cfg["kv_lora_rank"]),
                        p + "self_attn.o_proj.weight": (h, heads * cfg["v_head_dim"])})
+        if "index_topk" in cfg:  # the sparse attention's indexer (DeepSeek-V3.2 / GLM-5 names)
+            index_heads, index_dim = cfg["index_n_heads"], cfg["index_head_dim"]
+            shapes.update({p + "self_attn.indexer.wq_b.weight": (index_heads * index_dim, cfg["q_lora_rank"]),
+                           p + "self_attn.indexer.wk.weight": (index_dim, h),
+                           p + "self_attn.indexer.k_norm.weight": (index_dim,),
+                           p + "self_attn.indexer.k_norm.bias": (index_dim,),
+                           p + "self_attn.indexer.weights_proj.weight": (index_heads, h)})
     else:
         hd, kv = cfg["head_dim"], cfg["num_key_value_heads"]
         shapes.update({p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.q_proj.bias": (heads * hd,),
@@ -299,7 +315,6 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
     p + 1, so that drafting those texts gets drafts accepted."""
     import mlx.core as mx
     import mlx.nn as nn
-    from mlx_lm.models.cache import KVCache
     from mlx_lm.utils import load_model, load_tokenizer
     from safetensors.numpy import save_file
     from tiny_heads import fit, greedy_continuations
@@ -325,7 +340,7 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
     def loss(nextn):
         total, head = 0.0, nextn.head if family.head else target.lm_head
         for embeddings, hidden, labels in rows:
-            out = nextn(embeddings[None], hidden[None], [KVCache()])[0]
+            out = nextn(embeddings[None], hidden[None], nextn.make_cache())[0]
             total = total + nn.losses.cross_entropy(head(nextn.head_input(out)), labels).mean()
         return total / len(rows)
 

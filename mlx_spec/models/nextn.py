@@ -31,16 +31,18 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import (
     deepseek_v3,
+    deepseek_v32,
     ernie4_5_moe,
     exaone_moe,
     glm4_moe,
     glm4_moe_lite,
+    glm_moe_dsa,
     mimo,
     mimo_v2_flash,
     step3p5,
 )
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache
 
 from ..seams import compat
 from ..seams.errors import SpecError
@@ -55,8 +57,9 @@ class Family:
     block's own tensors are under it, the copies of the target's tensors stored there (ignored), the projection's
     input order, the state fed back, the target's state read, the block's tensors whose published names differ from
     mlx-lm's (`renames`), the name of the norms' epsilon in mlx-lm's ModelArgs, the block's attention window
-    (`window(args)`; None: full attention), the name of the layer's own output head (None: the target's) and
-    whether its norms are stored zero-centred (x * (1 + w))."""
+    (`window(args)`; None: full attention), the name of the layer's own output head (None: the target's), whether
+    its norms are stored zero-centred (x * (1 + w)) and whether its attention is DeepSeek's sparse one, whose
+    cache holds the indexer's keys beside its own (`indexed`)."""
 
     module: object
     block: Callable[[object], nn.Module]
@@ -72,11 +75,16 @@ class Family:
     window: Callable[[object], int | None] = lambda args: None
     head: str | None = None
     zero_centred: bool = False
+    indexed: bool = False
 
 
 FAMILIES = {
     "deepseek_v3": Family(deepseek_v3, lambda args: deepseek_v3.DeepseekV3DecoderLayer(
         args, layer_idx=args.num_hidden_layers)),  # an MoE layer, as stored
+    "deepseek_v32": Family(deepseek_v32, lambda args: deepseek_v32.DeepseekV32DecoderLayer(  # DeepSeek's sparse
+        args, layer_idx=args.num_hidden_layers), indexed=True),  # attention (DSA): an indexer picks the keys
+    "glm_moe_dsa": Family(glm_moe_dsa, lambda args: deepseek_v32.DeepseekV32DecoderLayer(  # GLM-5: DeepSeek-V3.2's
+        args, layer_idx=args.num_hidden_layers), indexed=True),  # layers
     "glm4_moe": Family(glm4_moe, lambda args: glm4_moe.DecoderLayer(args, layer_idx=args.num_hidden_layers)),
     "glm4_moe_lite": Family(glm4_moe_lite, lambda args: glm4_moe_lite.Glm4MoeLiteDecoderLayer(
         args, layer_idx=args.num_hidden_layers)),  # GLM-4.7-Flash: DeepSeek's MLA with GLM's MoE
@@ -138,11 +146,14 @@ class NextN(nn.Module):
         """The state fed back for the next draft."""
         parts = [self.enorm(embeddings), self.hnorm(hidden)]
         x = self.eh_proj(mx.concatenate(parts[::-1] if self.family.hidden_first else parts, -1))
-        mask = create_attention_mask(x, cache[0], window_size=self.window, return_array=True)
+        attention = cache[0][0] if self.family.indexed else cache[0]
+        mask = create_attention_mask(x, attention, window_size=self.window, return_array=True)
         y = self.layers[0](x, mask=mask, cache=cache[0])
         return self.shared_norm(y) if self.family.feeds_normed else y
 
     def make_cache(self) -> list:
+        if self.family.indexed:
+            return [CacheList(KVCache(), KVCache())]
         return [RotatingKVCache(max_size=self.window) if self.window else KVCache()]
 
     def head_input(self, state: mx.array) -> mx.array:

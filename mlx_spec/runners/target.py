@@ -15,6 +15,7 @@ from ..seams.caches import (
     check_trees,
     held_positions,
     keep,
+    layers_of,
     make_caches,
     restore,
     rollback,
@@ -149,11 +150,11 @@ class Target:
         forward (a draft model's trees), said after the model's name ("has ..."); None when it can."""
         if not verifies_trees(self.cache, by_levels):
             if verifies_trees(self.cache):
-                return ("has sliding-window layers, which verify a tree in one forward but cannot grow one level by "
-                        "level")
+                return ("has sliding-window or sparse-attention layers, which verify a tree in one forward but cannot "
+                        "grow one level by level")
             return "has recurrent layers, which keep one sequence, not the branches of a tree"
         check_trees()
-        if compat.positioned_ropes(self.model) != len(self.cache):
+        if compat.positioned_ropes(self.model) != len(layers_of(self.cache)):
             return "has attention layers without a rotary embedding of their own that mlx-spec can place"
         self.tree_ready = True
         return None
@@ -224,7 +225,7 @@ class Target:
             end = next_piece(start, len(tokens), tail)
             step = self.forward(tokens[start:end])
             states += [step.hidden] if read and start >= tail else []
-            mx.eval([c.state for c in self.cache], states[-1:])
+            mx.eval([c.state for c in layers_of(self.cache)], states[-1:])
             if absorb and states:
                 absorbed += states[-1].shape[0]
                 absorb(start, states.pop())

@@ -10,6 +10,8 @@ Full-attention caches are `TreeKVCache` / `QuantizedTreeKVCache`: while `attend`
 prefix and, among the last positions, only what `attend` allows (a token tree's ancestors); `keep` then
 compacts the kept positions of such a block to the front of it. Sliding-window caches are `TreeRotatingKVCache`:
 the same for a tree verified in one forward, each node seeing the keys within the window of its own position.
+A layer whose cache is a `CacheList` (DeepSeek-V3.2 / GLM-5: the attention's keys and values, the sparse indexer's
+keys) counts as its inner caches, each of them one of the above (`layers_of`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import (
     ArraysCache,
+    CacheList,
     KVCache,
     QuantizedKVCache,
     RotatingKVCache,
@@ -54,14 +57,19 @@ def tree_forward(caches: list, attend, token_positions: list[int]):
     """Within: a forward over `caches` (TreeMasks) sees what `attend` allows (see TreeMask) and places its
     tokens at `token_positions` (rotary embeddings made positionable by `compat.positioned_ropes`)."""
     mask, placed = mx.array(attend), mx.array(token_positions)
-    for cache in caches:
+    for cache in layers_of(caches):
         cache.attend, cache.depths = mask, placed - token_positions[0]
     try:
         with positions(placed):
             yield
     finally:
-        for cache in caches:
+        for cache in layers_of(caches):
             cache.attend = cache.depths = None
+
+
+def layers_of(caches: list) -> list:
+    """The caches, a CacheList's inner caches in its place."""
+    return [inner for cache in caches for inner in (cache.caches if isinstance(cache, CacheList) else (cache,))]
 
 
 class TreeKVCache(TreeMask, KVCache):
@@ -132,27 +140,32 @@ def make_caches(model, slack: int, kv_bits: int | None = None, kv_group_size: in
     """The model's own cache layout, with room to roll back `slack` positions; `kv_bits` quantizes full KV;
     `recurrent`: the model's recurrent layers capture per-position states (see models/), so their caches
     become RecurrentCaches."""
-    caches = []
-    for cache in make_prompt_cache(model):
+    def ours(cache):
         if type(cache) is RotatingKVCache:
-            cache = TreeRotatingKVCache(max_size=cache.max_size + slack, keep=cache.keep)
-        elif type(cache) is KVCache:
-            cache = QuantizedTreeKVCache(kv_group_size, kv_bits) if kv_bits else TreeKVCache()
-        elif type(cache) is ArraysCache and recurrent:
-            cache = RecurrentCache(len(cache.cache))
-        caches.append(cache)
-    return caches
+            return TreeRotatingKVCache(max_size=cache.max_size + slack, keep=cache.keep)
+        if type(cache) is KVCache:
+            return QuantizedTreeKVCache(kv_group_size, kv_bits) if kv_bits else TreeKVCache()
+        if type(cache) is ArraysCache and recurrent:
+            return RecurrentCache(len(cache.cache))
+        if type(cache) is CacheList:
+            if kv_bits:
+                raise SpecError("--kv-bits: the caches of this model's sparse attention (DeepSeek-V3.2 / GLM-5) "
+                                "cannot be quantized: drop --kv-bits")
+            return CacheList(*map(ours, cache.caches))
+        return cache
+
+    return [ours(cache) for cache in make_prompt_cache(model)]
 
 
 def snapshot(caches: list) -> list:
     """What the caches hold now, apart from them (`restore` puts it back into fresh ones of the same layout):
     nothing is copied, and what they write afterwards leaves it as it is."""
-    return [compat.cache_state(cache) for cache in caches]
+    return [compat.cache_state(cache) for cache in layers_of(caches)]
 
 
 def restore(caches: list, held: list) -> None:
     """Make fresh caches (`make_caches` of the same model and settings) hold what `snapshot` took."""
-    for cache, state in zip(caches, held, strict=True):
+    for cache, state in zip(layers_of(caches), held, strict=True):
         compat.set_cache_state(cache, state)
         if isinstance(cache, RecurrentCache):
             cache.release()
@@ -165,7 +178,7 @@ def held_positions(caches: list, held: list, n: int, slack: int) -> list:
     window, state]. Only full attention gives fewer positions than the snapshot holds."""
     restore(caches, held)
     layers = []
-    for cache in caches:
+    for cache in layers_of(caches):
         if isinstance(cache, RecurrentCache):
             layers.append(list(cache.cache))
         elif isinstance(cache, RotatingKVCache):
@@ -178,7 +191,7 @@ def held_positions(caches: list, held: list, n: int, slack: int) -> list:
 def snapshot_of(caches: list, layers: list, n: int) -> list:
     """A snapshot (as `snapshot` takes) of caches like `caches` (fresh ones, which this fills) holding `n`
     positions, given per layer as `held_positions` gives them (a sliding window's: its last ones, or more)."""
-    for cache, layer in zip(caches, layers, strict=True):
+    for cache, layer in zip(layers_of(caches), layers, strict=True):
         if isinstance(cache, RecurrentCache):
             cache.cache = list(layer)
         elif isinstance(cache, RotatingKVCache):
@@ -197,7 +210,7 @@ def held_bytes(held) -> int:
 
 def unsupported_cache(caches: list) -> str | None:
     """Name of the first cache type that cannot be rolled back, or None."""
-    for cache in caches:
+    for cache in layers_of(caches):
         if not isinstance(cache, ROLLBACK_TYPES):
             return type(cache).__name__
     return None
@@ -205,19 +218,21 @@ def unsupported_cache(caches: list) -> str | None:
 
 def trimmable(caches: list) -> bool:
     """Whether any number of positions can be removed (full KV caches only)."""
-    return all(isinstance(cache, (TreeKVCache, QuantizedTreeKVCache)) for cache in caches)
+    return all(isinstance(cache, (TreeKVCache, QuantizedTreeKVCache)) for cache in layers_of(caches))
 
 
 def verifies_trees(caches: list, by_levels: bool = False) -> bool:
     """Whether a tree can be verified over these caches in one forward (full and sliding-window KV caches), or,
-    `by_levels`, grown over them one level per forward (full KV caches only)."""
-    return trimmable(caches) if by_levels else all(isinstance(cache, TreeMask) for cache in caches)
+    `by_levels`, grown over them one level per forward (full KV caches only, not a sparse attention's)."""
+    if by_levels:
+        return trimmable(caches) and not any(isinstance(cache, CacheList) for cache in caches)
+    return all(isinstance(cache, TreeMask) for cache in layers_of(caches))
 
 
 def keep(caches: list, block: int, kept: list[int]) -> None:
     """Of the last `block` positions, keep those at `kept` (indices into the block, ascending), moved to the
     front of the block in that order; remove the others. Full and sliding-window KV caches only."""
-    for cache in caches:
+    for cache in layers_of(caches):
         if isinstance(cache, RotatingKVCache):
             _keep_rotating(cache, block, kept)
             continue
@@ -252,7 +267,7 @@ def rollback(caches: list, n: int, slack: int) -> None:
     """Remove the last `n` positions from every layer's cache, exactly (n = 0 releases captured states)."""
     if n > slack:
         raise SpecError(f"cannot roll back {n} positions, at most {slack}: lower the draft length")
-    for cache in caches:
+    for cache in layers_of(caches):
         if isinstance(cache, RecurrentCache):
             cache.rollback(n)
         elif n == 0:
