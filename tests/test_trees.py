@@ -209,7 +209,7 @@ def test_sliding_window_targets_verify_trees_past_the_window(tiny):
     result = engine.generate(ids, max_tokens=90)
     assert result.tokens == expected and result.stats.nodes > result.stats.drafted
     assert 0 < result.stats.accepted < result.stats.drafted
-    engine = mlx_spec.load(str(tiny["gemma3"]), draft_model=str(tiny["gemma3-draft"]), tree_width=3)
+    engine = mlx_spec.load(str(tiny["gemma3"]), draft_model=str(tiny["gemma3-draft"]), tree_width=3, draft_len=3)
     assert engine.status().shape.startswith("chain (no tree: gemma3-draft has sliding-window or sparse-attention "
                                             "layers, which verify a tree in one forward but cannot grow one level by "
                                             "level")
