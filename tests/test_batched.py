@@ -42,7 +42,8 @@ def jobs_for(engine, sampled: bool = False) -> list[Job]:
     ("gemma3", "draft-model", "gemma3-draft", None), ("gemma3", "ngram", None, 2),  # sliding windows (16)
     ("qwen3_5", "off", None, 0), ("gemma3", "off", None, 0),  # plain steps run ahead, sampled rows too
     ("qwen3", "draft-model", "qwen3-dflash", 3), ("qwen3_5", "draft-model", "qwen3_5-dspark", 2),  # blocks
-    ("qwen3", "suffix", None, None), ("gemma3", "suffix", None, None)])  # drafts from earlier rows: greedy only
+    ("qwen3", "suffix", None, None), ("gemma3", "suffix", None, None),  # drafts from earlier rows: greedy only
+    ("deepseek_v32", "mtp", None, 2), ("glm_moe_dsa", "ngram", None, None)])  # sparse attention (CacheLists)
 def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_len):
     """Greedy rows equal mlx-lm's plain decoding; sampled rows (pinned draft lengths) with one-hot drafts (n-gram,
     none) equal plain sampling with their own seeds, token for token: each row's keys and verdicts are its own.

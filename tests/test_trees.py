@@ -253,8 +253,9 @@ def test_tree_width_refusals(tiny):
 @pytest.mark.parametrize("family, options", [
     ("qwen3", {"draft_model": "qwen3-draft"}), ("qwen3", {"drafter": "ngram"}), ("qwen3", {"drafter": "suffix"}),
     ("qwen3", {"draft_model": "qwen3-eagle3"}), ("qwen3", {"draft_model": "qwen3-medusa"}),
-    ("qwen3", {"draft_model": "qwen3-dflash"}), ("gemma3", {"draft_model": "qwen3-draft"})],
-    ids=["draft-model", "ngram", "suffix", "eagle3", "medusa", "ddtree", "gemma3-window"])
+    ("qwen3", {"draft_model": "qwen3-dflash"}), ("gemma3", {"draft_model": "qwen3-draft"}),
+    ("deepseek_v32", {"draft_model": "qwen3-draft"})],
+    ids=["draft-model", "ngram", "suffix", "eagle3", "medusa", "ddtree", "gemma3-window", "sparse-attention"])
 def test_token_trees_in_a_batch_equal_plain_decoding(tiny, family, options):
     """Rows of a batch (joining and leaving) each verify their own token tree in the batch's one forward, at their
     own positions, and keep the accepted path (and, for heads that read them, the target's states along it): every

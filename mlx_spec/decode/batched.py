@@ -64,7 +64,7 @@ def largest_batch(model, tokens_per_row: int, available: int, kv_bits: int | Non
     bytes: the KV bytes per position and the recurrent states' bytes per row measured on a one-token forward."""
     probe = RaggedBatch(model, rows=1, kv_bits=kv_bits, kv_group_size=kv_group_size)
     probe.forward(mx.array([[0]], dtype=mx.int32), [1])
-    per_position = sum(c.nbytes for c in probe.caches if isinstance(c, RaggedKVCache)) / probe.capacity
+    per_position = sum(c.nbytes for c in probe.layers if isinstance(c, RaggedKVCache)) / probe.capacity
     per_row = per_position * tokens_per_row + sum(c.nbytes for c in probe.recurrent)
     return int(max(1, min(MAX_BATCH, available // 2 // max(1, per_row))))
 

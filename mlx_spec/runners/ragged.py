@@ -27,6 +27,7 @@ from mlx.utils import tree_map
 from mlx_lm.models import gemma3_text, llama
 from mlx_lm.models.cache import (
     ArraysCache,
+    CacheList,
     KVCache,
     QuantizedKVCache,
     RotatingKVCache,
@@ -35,7 +36,7 @@ from mlx_lm.models.cache import (
 
 from ..models import qwen3_5
 from ..seams import compat
-from ..seams.caches import RecurrentCache, check_trees
+from ..seams.caches import RecurrentCache, check_trees, layers_of
 from .target import hidden_from, next_piece
 
 STEP = 256  # columns added when the buffers grow
@@ -104,10 +105,16 @@ class RaggedBatch:
         quantizes them alone; sliding-window layers stay float)."""
         self.model = model
         qwen3_5.install(model)  # Gated DeltaNet layers that keep per-position states (no-op for other models)
-        self.caches = [RecurrentCache(len(c.cache)) if isinstance(c, ArraysCache)
-                       else RaggedKVCache(self, kv_bits if type(c) is KVCache else None, kv_group_size)
-                       for c in make_prompt_cache(model)]
-        self.recurrent = [c for c in self.caches if isinstance(c, RecurrentCache)]
+        def ours(cache):
+            if isinstance(cache, ArraysCache):
+                return RecurrentCache(len(cache.cache))
+            if isinstance(cache, CacheList):  # a sparse attention's keys and values, its indexer's keys
+                return CacheList(*(RaggedKVCache(self) for _ in cache.caches))
+            return RaggedKVCache(self, kv_bits if type(cache) is KVCache else None, kv_group_size)
+
+        self.caches = [ours(cache) for cache in make_prompt_cache(model)]  # as the model takes them
+        self.layers = layers_of(self.caches)  # each holding its own keys and values, or states
+        self.recurrent = [c for c in self.layers if isinstance(c, RecurrentCache)]
         self.states = None  # while a round is marked, per row: the recurrent state (saved index) after each input
         self.columns = 0  # columns written (valid or not)
         self.capacity = 0  # columns the buffers hold
@@ -137,7 +144,7 @@ class RaggedBatch:
             for row, piece in enumerate(pieces):
                 tokens[row, :len(piece)] = piece
             batch.forward(mx.array(tokens), [len(piece) for piece in pieces])
-            mx.eval([c.state for c in batch.caches])
+            mx.eval([c.state for c in batch.layers])
             start = end
         return batch
 
@@ -147,7 +154,7 @@ class RaggedBatch:
         layer may give only its last ones, a sliding window's: the columns before them hold zeros, which its mask
         hides). `kv`: as the constructor's."""
         batch = cls(model, rows=1, **kv)
-        for cache, layer in zip(batch.caches, layers, strict=True):
+        for cache, layer in zip(batch.layers, layers, strict=True):
             if isinstance(cache, RecurrentCache):
                 cache.cache = list(layer)
                 cache.release()
@@ -162,7 +169,7 @@ class RaggedBatch:
         columns = mx.array(np.flatnonzero(self.valid[row, :self.columns]))
         return [[part[row:row + 1] for part in cache.cache] if isinstance(cache, RecurrentCache)
                 else tree_map(lambda buffer: mx.take(buffer[row:row + 1], columns, axis=2), (cache.keys, cache.values))
-                for cache in self.caches]
+                for cache in self.layers]
 
     def extend(self, tokens: list[int], read_hidden=None, hidden_tail: int | None = None) -> bool:
         """Run the next piece (`target.next_piece`) of `tokens` that this one-row batch does not hold yet; whether
@@ -174,13 +181,14 @@ class RaggedBatch:
         if done < len(tokens):
             self.forward(mx.array([tokens[done:end]], dtype=mx.int32), [end - done])
             self.hidden += [read_hidden()[0]] if read_hidden and done >= tail else []
-            mx.eval([c.state for c in self.caches], self.hidden[-1:])
+            mx.eval([c.state for c in self.layers], self.hidden[-1:])
         return end >= len(tokens)
 
     @staticmethod
     def problem(model) -> str | None:
         """Why this model's caches cannot be batched here (None when they can)."""
-        kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) not in (KVCache, RotatingKVCache)}
+        kinds = {type(c).__name__ for c in layers_of(make_prompt_cache(model))
+                 if type(c) not in (KVCache, RotatingKVCache)}
         if kinds == {"ArraysCache"} and qwen3_5.install(model):  # Gated DeltaNet layers
             return None
         return f"its {', '.join(sorted(kinds))} caches are not batched yet" if kinds else None
@@ -189,7 +197,7 @@ class RaggedBatch:
     def tree_problem(model) -> str | None:
         """Why this model's batch rows cannot verify token trees, said after the model's name ("has ..."); None
         when they can (its rotary embeddings then take each row's own positions)."""
-        caches = make_prompt_cache(model)
+        caches = layers_of(make_prompt_cache(model))
         if any(isinstance(c, ArraysCache) for c in caches):
             return "has recurrent layers, which keep one sequence, not the branches of a tree"
         check_trees()
@@ -315,7 +323,7 @@ class RaggedBatch:
     def select(self, rows: list[int]) -> None:
         """Keep only `rows` (indices), in that order: finished sequences leave."""
         index = mx.array(rows, dtype=mx.int32)
-        for cache in self.caches:
+        for cache in self.layers:
             if isinstance(cache, RecurrentCache):
                 cache.filter(index)
                 cache.release()
@@ -330,7 +338,7 @@ class RaggedBatch:
         """Append `other`'s rows (a prompt prefilled on its own), right-aligned with this batch's columns."""
         width = max(self.columns, other.columns)
         sides = [(self, width - self.columns), (other, width - other.columns)]
-        for mine, theirs in zip(self.caches, other.caches):
+        for mine, theirs in zip(self.layers, other.layers):
             if isinstance(mine, RecurrentCache):
                 mine.cache = [_stack_rows(a, self.size, b, other.size) for a, b in zip(mine.cache, theirs.cache)]
                 mine.release()
@@ -372,7 +380,7 @@ class RaggedBatch:
             index[row, width - count:] = np.flatnonzero(self.valid[row])
             valid[row, width - count:] = True
         gather = mx.array(index)[:, None, :, None]
-        for cache in self.caches:
+        for cache in self.layers:
             if isinstance(cache, RaggedKVCache) and cache.keys is not None:
                 cache.keys, cache.values = tree_map(lambda buffer: mx.take_along_axis(buffer, gather, axis=2),
                                                     (cache.keys, cache.values))
