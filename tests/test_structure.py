@@ -148,3 +148,10 @@ def test_the_table_of_drafters_names_every_drafter_module_and_its_kinds():
         classes = [value for value in vars(module).values() if isinstance(value, type)
                    and value.__module__ == module.__name__ and value.__name__.endswith("Drafter")]
         assert classes and all(issubclass(c, Drafter) for c in classes), name
+
+
+def test_the_packaged_table_of_models_is_the_one_at_the_root():
+    """models.toml lives once, at the root (the product card's layout); the package reads it through a link, so an
+    edit that replaces the link with a copy (as `sed -i` does) would let the two drift apart."""
+    packaged = ROOT / "mlx_spec" / "models.toml"
+    assert packaged.is_symlink() and packaged.resolve() == (ROOT / "models.toml").resolve()
