@@ -11,7 +11,6 @@ import shutil
 from dataclasses import replace
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
 from helpers import assert_one_line_error, edited_copy, plain_greedy, run_cli
@@ -19,7 +18,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import CacheList, KVCache
 from mlx_lm.utils import load_model
 from tiny import HEAD_TEXTS
-from tiny_nextn import NEXTN_FAMILIES
+from tiny_nextn import NEXTN_FAMILIES, target_states
 
 import mlx_spec
 
@@ -107,7 +106,7 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
     target, _ = load_model(path)
     engine = mlx_spec.load(str(path))
     ids = engine.encode(HEAD_TEXTS[1])
-    hidden = np.array(pre_norm_states(target, ids) if pre else target.model(mx.array(ids)[None])[0])
+    hidden = np.array(target_states(target, ids) if pre else target.model(mx.array(ids)[None])[0])
 
     def rows(tokens: list[int], hidden: np.ndarray) -> np.ndarray:
         parts = [rms(raw["model.embed_tokens.weight"][tokens], embedding_norm), rms(hidden, hidden_norm)]
@@ -137,17 +136,6 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
 def softmax(logits: np.ndarray) -> np.ndarray:
     e = np.exp(logits - logits.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
-
-
-def pre_norm_states(model, ids):
-    """The target's states over `ids` before its final norm: its own forward (its own masks, sliding windows
-    included) with the norm left out."""
-    language, norm = model.model, model.model.norm
-    language.norm = nn.Identity()
-    try:
-        return language(mx.array(ids)[None])[0]
-    finally:
-        language.norm = norm
 
 
 @pytest.mark.parametrize("family", FAMILIES)

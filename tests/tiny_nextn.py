@@ -114,6 +114,12 @@ def is_moe(cfg: dict, i: int) -> bool:
     return "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]
 
 
+def swiglu(name: str, h: int, inter: int) -> dict[str, tuple[int, ...]]:
+    """A gated MLP's (or one expert's) projections under `name`."""
+    return {f"{name}.gate_proj.weight": (inter, h), f"{name}.up_proj.weight": (inter, h),
+            f"{name}.down_proj.weight": (h, inter)}
+
+
 def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
     """One decoder layer's tensors under the prefix `p`."""
     if cfg["model_type"] == "exaone_moe":
@@ -156,16 +162,10 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
         shapes.update({p + "mlp.gate.weight": (cfg["n_routed_experts"], h),
                        p + "mlp.gate.e_score_correction_bias": (cfg["n_routed_experts"],)})
         for e in range(cfg["n_routed_experts"]):
-            shapes.update({p + f"mlp.experts.{e}.gate_proj.weight": (inter, h),
-                           p + f"mlp.experts.{e}.up_proj.weight": (inter, h),
-                           p + f"mlp.experts.{e}.down_proj.weight": (h, inter)})
-        shapes.update({p + "mlp.shared_experts.gate_proj.weight": (shared, h),
-                       p + "mlp.shared_experts.up_proj.weight": (shared, h),
-                       p + "mlp.shared_experts.down_proj.weight": (h, shared)})
+            shapes.update(swiglu(p + f"mlp.experts.{e}", h, inter))
+        shapes.update(swiglu(p + "mlp.shared_experts", h, shared))
     else:
-        inter = cfg["intermediate_size"]
-        shapes.update({p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                       p + "mlp.down_proj.weight": (h, inter)})
+        shapes.update(swiglu(p + "mlp", h, cfg["intermediate_size"]))
     return shapes
 
 
@@ -178,18 +178,12 @@ def exaone_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ..
               p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
               p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
     if not moe:
-        inter = cfg["intermediate_size"]
-        return {**shapes, p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                p + "mlp.down_proj.weight": (h, inter)}
+        return {**shapes, **swiglu(p + "mlp", h, cfg["intermediate_size"])}
     inter, experts, shared = cfg["moe_intermediate_size"], cfg["num_experts"], cfg["moe_intermediate_size"]
     shapes.update({p + "mlp.gate.weight": (experts, h), p + "mlp.e_score_correction_bias": (experts,),
-                   p + "mlp.shared_experts.gate_proj.weight": (shared, h),
-                   p + "mlp.shared_experts.up_proj.weight": (shared, h),
-                   p + "mlp.shared_experts.down_proj.weight": (h, shared)})
+                   **swiglu(p + "mlp.shared_experts", h, shared)})
     for e in range(experts):
-        shapes.update({p + f"mlp.experts.{e}.gate_proj.weight": (inter, h),
-                       p + f"mlp.experts.{e}.up_proj.weight": (inter, h),
-                       p + f"mlp.experts.{e}.down_proj.weight": (h, inter)})
+        shapes.update(swiglu(p + f"mlp.experts.{e}", h, inter))
     return shapes
 
 
@@ -202,19 +196,13 @@ def ernie_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...
               p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
               p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, heads * hd)}
     if not moe:
-        inter = cfg["intermediate_size"]
-        return {**shapes, p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                p + "mlp.down_proj.weight": (h, inter)}
+        return {**shapes, **swiglu(p + "mlp", h, cfg["intermediate_size"])}
     inter, experts = cfg["moe_intermediate_size"], cfg["moe_num_experts"]
     shared = inter * cfg["moe_num_shared_experts"]
     shapes.update({p + "mlp.gate.weight": (experts, h), p + "mlp.moe_statics.e_score_correction_bias": (1, experts),
-                   p + "mlp.shared_experts.gate_proj.weight": (shared, h),
-                   p + "mlp.shared_experts.up_proj.weight": (shared, h),
-                   p + "mlp.shared_experts.down_proj.weight": (h, shared)})
+                   **swiglu(p + "mlp.shared_experts", h, shared)})
     for e in range(experts):
-        shapes.update({p + f"mlp.experts.{e}.gate_proj.weight": (inter, h),
-                       p + f"mlp.experts.{e}.up_proj.weight": (inter, h),
-                       p + f"mlp.experts.{e}.down_proj.weight": (h, inter)})
+        shapes.update(swiglu(p + f"mlp.experts.{e}", h, inter))
     return shapes
 
 
@@ -233,15 +221,11 @@ def mimo_v2_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, .
     if sliding:
         shapes[p + "self_attn.attention_sink_bias"] = (heads,)
     if not moe:
-        inter = cfg["intermediate_size"]
-        return {**shapes, p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                p + "mlp.down_proj.weight": (h, inter)}
+        return {**shapes, **swiglu(p + "mlp", h, cfg["intermediate_size"])}
     inter, experts = cfg["moe_intermediate_size"], cfg["n_routed_experts"]
     shapes.update({p + "mlp.gate.weight": (experts, h), p + "mlp.gate.e_score_correction_bias": (experts,)})
     for e in range(experts):
-        shapes.update({p + f"mlp.experts.{e}.gate_proj.weight": (inter, h),
-                       p + f"mlp.experts.{e}.up_proj.weight": (inter, h),
-                       p + f"mlp.experts.{e}.down_proj.weight": (h, inter)})
+        shapes.update(swiglu(p + f"mlp.experts.{e}", h, inter))
     return shapes
 
 
@@ -258,14 +242,11 @@ def step3p5_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, .
               p + "self_attn.g_proj.weight": (heads, h), p + "self_attn.q_norm.weight": (hd,),
               p + "self_attn.k_norm.weight": (hd,)}
     if not moe:
-        inter = cfg["intermediate_size"]
-        return {**shapes, p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                p + "mlp.down_proj.weight": (h, inter)}
+        return {**shapes, **swiglu(p + "mlp", h, cfg["intermediate_size"])}
     experts, inter, shared = cfg["moe_num_experts"], cfg["moe_intermediate_size"], cfg["share_expert_dim"]
     return {**shapes, p + "moe.gate.weight": (experts, h), p + "moe.router_bias": (experts,),
             p + "moe.gate_proj.weight": (experts, inter, h), p + "moe.up_proj.weight": (experts, inter, h),
-            p + "moe.down_proj.weight": (experts, h, inter), p + "share_expert.gate_proj.weight": (shared, h),
-            p + "share_expert.up_proj.weight": (shared, h), p + "share_expert.down_proj.weight": (h, shared)}
+            p + "moe.down_proj.weight": (experts, h, inter), **swiglu(p + "share_expert", h, shared)}
 
 
 def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
