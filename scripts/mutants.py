@@ -11,8 +11,9 @@ the Responses API.
     python scripts/mutants.py              # all of them, two at a time (--jobs)
     python scripts/mutants.py --only 3,7   # some; --list shows them; --verbose how their tests ended
 
-Every mutant's line is looked for in the code before any runs. Exit status 0 when every mutant was caught, 1
-when one survived, 2 when one no longer applies (its line is gone, or its tests could not run).
+Every mutant's line is looked for in the code, and its tests collected, before any runs. Exit status 0 when every
+mutant was caught, 1 when one survived, 2 when one no longer applies (its line or a test is gone, or its tests could
+not run).
 """
 
 from __future__ import annotations
@@ -145,8 +146,8 @@ MUTANTS = [
     Mutant("a restored sequence's drafter starts afresh, its stored state not taken back", "mlx_spec/runners/prompt_cache.py",
            "drafter.resume(best.held if best.drafter is drafter and reach == len(best.tokens) else None)",
            "drafter.resume(None)",
-           ("tests/test_prompt_cache.py::test_alternating_conversations_reuse_their_turns_exactly[llama-options5]",
-            "tests/test_prompt_cache.py::test_alternating_conversations_reuse_their_turns_exactly[qwen3-options4]")),
+           ("tests/test_prompt_cache.py::test_alternating_conversations_reuse_their_turns_exactly[eagle3]",
+            "tests/test_prompt_cache.py::test_alternating_conversations_reuse_their_turns_exactly[dflash]")),
     Mutant("drafting once off never probes again", "mlx_spec/policy/sequence.py",
            "if k == 0 and (self.uncosted or (probe_due(", "if k == 0 and (self.uncosted and (probe_due(",
            ("tests/test_policy.py::test_turns_off_for_useless_drafts_and_back_on_for_good_ones",)),
@@ -326,6 +327,14 @@ def applies(mutant: Mutant) -> bool:
     return path.is_file() and path.read_text().count(mutant.old) == 1
 
 
+def missing_tests(mutants: list[Mutant]) -> list[str]:
+    """The mutants' test ids that pytest does not find (a test renamed or re-parametrized), one collection for all."""
+    ids = sorted({test for mutant in mutants for test in mutant.tests})
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:randomly", *ids], cwd=ROOT, capture_output=True, text=True)
+    return [test for test in ids if proc.returncode and f"not found: {ROOT / test}" in proc.stdout + proc.stderr]
+
+
 def working_tree_copy(into: Path) -> Path:
     """The files git tracks or would track (not ignored), as they are now."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
@@ -380,6 +389,9 @@ def main() -> int:
         for n in stale:
             print(f"{n:2d}  stale: {MUTANTS[n - 1].file} no longer holds {MUTANTS[n - 1].old!r} exactly once")
         print(f"mutants {stale} no longer apply: update their lines in scripts/mutants.py")
+        return 2
+    if missing := missing_tests([MUTANTS[n - 1] for n in chosen]):
+        print("no such tests (renamed or re-parametrized? update scripts/mutants.py):\n  " + "\n  ".join(missing))
         return 2
     start, verdicts = time.perf_counter(), {}
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:

@@ -52,7 +52,8 @@ def next_draft(engine, context: list[int]):
     ("qwen3", {"draft_model": "qwen3-dflash"}),  # a block drafter's context
     ("llama", {"draft_model": "llama-eagle3"}),  # an EAGLE-3 head's rows
     ("qwen3", {"drafter": "ngram"}),
-])
+], ids=["draft-model", "quantized-kv", "sliding-window", "gated-deltanet-mtp", "nextn-window", "sparse-attention",
+        "dflash", "eagle3", "ngram"])
 def test_alternating_conversations_reuse_their_turns_exactly(tiny, family, options):
     """Two conversations, turn about: each returning turn runs only what its last turn did not (its prompt and
     answer held, with the drafter's own state: it drafts as it does when the conversation runs alone), and every

@@ -155,3 +155,11 @@ def test_the_packaged_table_of_models_is_the_one_at_the_root():
     edit that replaces the link with a copy (as `sed -i` does) would let the two drift apart."""
     packaged = ROOT / "mlx_spec" / "models.toml"
     assert packaged.is_symlink() and packaged.resolve() == (ROOT / "models.toml").resolve()
+
+
+def test_every_mutant_applies_and_its_tests_exist():
+    """scripts/mutants.py (run by CI after the suite) still fits the code: each deliberate bug's line occurs once,
+    and pytest finds each test named to catch it (a renamed or re-parametrized test would leave it unchecked)."""
+    import mutants
+    assert [m.what for m in mutants.MUTANTS if not mutants.applies(m)] == []
+    assert mutants.missing_tests(mutants.MUTANTS) == []
