@@ -145,7 +145,11 @@ def generate(args) -> int:
                         "it as --prompt TEXT") from None
     prediction = read_text("--prediction", args.prediction) if args.prediction else None
     engine = load_engine(args)
-    ids = render_prompt(engine.tokenizer, prompt, raw=args.raw)
+    if args.image and args.raw:
+        raise SpecError("--image needs the chat template to place the images: drop --raw")
+    ids = render_prompt(engine.tokenizer, prompt, raw=args.raw) if not args.image else \
+        [{"role": "user", "content": [*({"type": "image", "image": path} for path in args.image),
+                                      {"type": "text", "text": prompt}]}]
     grammar = output_grammar(args, engine.tokenizer)
     for event in engine.stream(ids, params, args.max_tokens, args.stop, args.seed, grammar=grammar,
                                prediction=prediction):

@@ -21,6 +21,7 @@ from .runners.checkpoint import (
     read_config,
 )
 from .runners.target import Target
+from .runners.vision import Vision
 from .seams import compat
 from .seams.distributed import Lockstep, join
 from .seams.errors import SpecError
@@ -81,7 +82,7 @@ def load_target(model: str | None, draft_model: str | None = None, distributed: 
     split = (lambda m: compat.split_model(m, distributed, group, target_path.name)) if group else None
     target_model, tokenizer, config = load_checkpoint(target_path, "target model", split)
     return LoadedTarget(target_path, target_model, tokenizer, config, entry, default_draft,
-                        Lockstep(group) if group else None, distributed)
+                        Lockstep(group) if group else None, distributed, Vision.of(target_path, config))
 
 
 MAX_TREE_WIDTH = 8
@@ -153,7 +154,8 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                     available_drafters(target, draft_model, runner.tree_problem() is None, mtp_path) + ["off"],
                     context_length(target.config),
                     Profiles(str(target.path.resolve()), drafter, str(pairing.draft_path or mtp_path or ""),
-                             f"kv {kv_bits}", f"width {chosen.width if chosen else 1}", str(target.distributed)))
+                             f"kv {kv_bits}", f"width {chosen.width if chosen else 1}", str(target.distributed)),
+                    target.vision)
     engine.lockstep = target.lockstep
     return engine
 

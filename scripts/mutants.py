@@ -4,7 +4,7 @@ the run). Every mutant must make them fail. They cover verification (dense-q and
 sampling and penalties, rollback (sliding windows, trees, quantized KV, Gated DeltaNet states), the draft model's
 cache alone and in a batch, the drafting helpers, n-gram, suffix and lookahead drafting, MTP and nextn layers,
 Medusa, EAGLE-3 and Gemma 4 drafters, block drafters (alone, in a batch) and their training, ragged batches
-(per-row keys, rows joining), the prompt cache (drafter state taken back), the draft-length policy's off state and its stops where a draft model is unsure,
+(per-row keys, rows joining), the prompt cache (drafter state taken back), the draft-length policy's off state and its stops where a draft model is unsure, images' positions,
 request parsing, convert, constrained output and its forced drafts, predicted outputs, distributed batches and
 the Responses API.
 
@@ -318,6 +318,13 @@ MUTANTS = [
            "        attention = cache[0][0] if self.family.indexed else cache[0]",
            "        attention = cache[0]",
            ("tests/test_nextn.py::test_nextn_drafting_is_exact[deepseek_v32]",)),
+    Mutant("an image prompt is prefilled at its own positions, not shifted by what its images saved",
+           "mlx_spec/runners/vision.py", "return mx.array(self.positions[:, start:end] + saved)",
+           "return mx.array(self.positions[:, start:end])",
+           ("tests/test_vision.py::test_greedy_output_over_images_is_mlx_vlms_plain_greedy[off]",)),
+    Mutant("M-RoPE turns every frequency by the temporal axis", "mlx_spec/seams/compat.py",
+           "out = mx.where(axis_of == axis, turned[axis], out)", "out = turned[0]",
+           ("tests/test_vision.py::test_an_image_prompt_scores_as_mlx_vlms_model_does",)),
 ]
 
 

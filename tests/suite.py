@@ -36,6 +36,7 @@ from tiny_heads import build_eagle3, build_medusa, build_mtp_head
 from tiny_mtp import with_fitted_mtp
 from tiny_nextn import NEXTN_FAMILIES, build_nextn_checkpoint, train_nextn, with_trained_nextn
 from tiny_tools import build_tool_base, build_tool_tokenizer, train_tool_model
+from tiny_vision import build_qwen3_5_vision, build_vision_tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MANIFEST = FIXTURES / "manifest.json"
@@ -125,6 +126,10 @@ def build_bases(root: Path, tokenizers: dict[str, Path], progress: Callable[[str
         # all layers, perturbed: close to the target but not equal, for sampled-distribution tests
         "qwen3-noisy": lambda out: build_layer_skip_draft(out, paths["qwen3"], keep_layers=4, noise=0.2),
         **{family: lambda out, family=family: build_nextn_checkpoint(out, family, tok) for family in NEXTN_FAMILIES},
+        # Qwen 3.5 with its vision tower, its tokenizer's vision tokens and its processor's files
+        "tokenizer-vision": lambda out: build_vision_tokenizer(out),
+        "qwen3_5-vision": lambda out: build_qwen3_5_vision(out, paths["tokenizer-vision"]),
+        "qwen3_5-vision-draft": lambda out: build_layer_skip_draft(out, paths["qwen3_5-vision"], keep_layers=4),
         "tokenizer-tools": lambda out: build_tool_tokenizer(out, tok),  # Qwen2.5's tool tokens and template
         "qwen3-tools-base": lambda out: build_tool_base(out, paths["tokenizer-tools"]),
     }

@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=256)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
+    gen.add_argument("--image", action="append", default=[], metavar="PATH",
+                     help="an image the prompt shows, before its text (repeatable; a vision-language model)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and statistics")
     gen.add_argument("--prediction", metavar="FILE", help="the output expected, or most of it (a file to re-emit "
                                                          "with an edit): drafted from while the output follows it")

@@ -11,18 +11,44 @@ from ..seams.files import read_lines
 from .sampling import LIMIT as SAMPLING_LIMIT
 
 
-def check_messages(messages) -> list[dict]:
+def check_messages(messages, images: bool = False) -> list[dict]:
     """The messages as chat templates read them: each content one text (a list of OpenAI text parts,
     {"type": "text", "text"}, joined), an assistant's `tool_calls` with their arguments as objects; a SpecError
-    for anything else."""
+    for anything else. With `images`, a content holding image parts ({"type": "image", "image": a path, bytes
+    or a PIL image}) stays a list of parts, each image part {"type": "image"} (its placeholder in the template)."""
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise SpecError("messages must be a non-empty list of {\"role\", \"content\": text} objects")
-    return [checked_message(m) for m in messages]
+    return [checked_message(m, images) for m in messages]
 
 
-def checked_message(message: dict) -> dict:
+def image_sources(prompt) -> list:
+    """The images of a chat's image parts, in order ([] for a text or token ids)."""
+    if not isinstance(prompt, list):
+        return []
+    parts = [part for message in prompt if isinstance(message, dict) and isinstance(message.get("content"), list)
+             for part in message["content"] if isinstance(part, dict) and part.get("type") == "image"]
+    if any(part.get("image") is None for part in parts):
+        raise SpecError("an image part must be {\"type\": \"image\", \"image\": a file's path or its bytes}")
+    return [part["image"] for part in parts]
+
+
+def content_parts(content) -> list[dict]:
+    """A content with image parts as a chat template reads it: text parts and image placeholders, in order."""
+    if not all(isinstance(part, dict) for part in content):
+        content_text(content)  # its error
+    parts = [{"type": "image"} if part.get("type") == "image" else {"type": "text", "text": part.get("text")}
+             for part in content]
+    content_text([part for part in parts if part["type"] == "text"])  # the text parts, checked
+    return parts
+
+
+def checked_message(message: dict, images: bool = False) -> dict:
+    content = message.get("content")
+    if images and isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "image"
+                                                    for p in content):
+        return {**message, "content": content_parts(content)}
     if not message.get("tool_calls"):
-        return {**message, "content": content_text(message.get("content"))}
+        return {**message, "content": content_text(content)}
     calls = message["tool_calls"]
     if message.get("role") != "assistant" or not isinstance(calls, list):
         raise SpecError("tool_calls must be a list, in an assistant message")
@@ -42,7 +68,6 @@ def checked_message(message: dict) -> dict:
         if not isinstance(arguments, dict):
             raise SpecError(f"the arguments of tool call {function['name']!r} must be a JSON object")
         checked.append({**call, "function": {**function, "arguments": arguments}})
-    content = message.get("content")
     return {**message, "content": "" if content is None else content_text(content), "tool_calls": checked}
 
 
@@ -70,10 +95,11 @@ def content_text(content) -> str:
     raise SpecError("a message's content must be text or a list of {\"type\": \"text\", \"text\"} parts")
 
 
-def prompt_text(tokenizer, prompt: str | list[dict], raw: bool = False,
-                tools: list[dict] | None = None) -> tuple[str, bool]:
+def prompt_text(tokenizer, prompt: str | list[dict], raw: bool = False, tools: list[dict] | None = None,
+                images: bool = False) -> tuple[str, bool]:
     """(the text the model reads, whether the chat template made it). Without a template (or with `raw`) a
-    text is used as it is and a chat's contents are joined by newlines; `tools` need the template."""
+    text is used as it is and a chat's contents are joined by newlines; `tools` need the template; `images`:
+    a chat's image parts become the template's placeholders (see `check_messages`), which need the template."""
     if tools and (raw or not getattr(tokenizer, "has_chat_template", False)):
         raise SpecError("tools need the model's chat template, and this model has none (or the prompt is raw): "
                         "drop 'tools'")
@@ -82,7 +108,10 @@ def prompt_text(tokenizer, prompt: str | list[dict], raw: bool = False,
         if raw or not getattr(tokenizer, "has_chat_template", False) or not prompt.strip():
             return prompt, False
     else:
-        messages = check_messages(prompt)
+        messages = check_messages(prompt, images)
+        if images and (raw or not getattr(tokenizer, "has_chat_template", False)):
+            raise SpecError("images need the model's chat template to place them, and this model has none (or the "
+                            "prompt is raw): use the checkpoint's own tokenizer files")
         if raw or not getattr(tokenizer, "has_chat_template", False):
             return "\n".join(m["content"] for m in messages), False
     try:

@@ -125,6 +125,9 @@ class BatchedDecoder:
         while True:
             while len(rows) + len(joining) < batch_size and (item := take()) is not None:
                 joining.append(Row(*item, self.tokenizer, self.name))
+                if joining[-1].job.images:
+                    raise SpecError("a prompt with images decodes alone for now (Engine.generate or stream), not "
+                                    "in a batch")
             stopped = stops([row.key for row in joining]) if joining else []
             for row in [row for row, stop in zip(list(joining), stopped) if stop]:  # between its prefill's chunks
                 joining.remove(row)

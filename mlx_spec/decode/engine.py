@@ -17,13 +17,14 @@ import mlx.core as mx
 
 from ..core.events import Done, Result, Round, Text, Token, collect
 from ..core.grammar import Grammar
-from ..core.prompts import prompt_text, render_prompt
+from ..core.prompts import image_sources, prompt_text, render_prompt
 from ..core.sampling import SamplingParams
 from ..core.stats import RoundCosts
 from ..drafters.protocol import Drafter, OneDrafter, shape
 from ..policy.sequence import AdaptiveDraftLength, FixedDraftLength
 from ..runners.prompt_cache import PromptCache, RowPrefixes
 from ..runners.target import MAX_DRAFT_LEN, Interrupted, OneRow, Target
+from ..runners.vision import Images
 from ..seams.errors import SpecError
 from .batched import BatchedDecoder, batch_problem, largest_batch
 from .rounds import Job, RoundLoop, Row
@@ -67,15 +68,16 @@ class Engine:
 
     def __init__(self, target: Target, tokenizer, drafter: Drafter | None = None, draft_len: int | None = 4,
                  max_draft_len: int = 4, sibling=None, drafters: list[str] = ("off",),
-                 context_length: int | None = None, profiles=None):
+                 context_length: int | None = None, profiles=None, vision=None):
         """draft_len: drafts per round, pinned; None lets the adaptive policy choose 0..max_draft_len.
         sibling(drafter_name) -> Engine builds `with_drafter`'s engines on the same weights; `drafters` names
         the choices it accepts. context_length: the positions the model was trained for (None: unknown), which a
         prompt and its max_tokens must fit (`check_fits`). profiles: where the adaptive policy's profile is kept
-        between runs (`profiles.Profiles`; None: in this engine only)."""
+        between runs (`profiles.Profiles`; None: in this engine only). vision: the checkpoint's image side
+        (`runners.vision.Vision`; None: it reads text only)."""
         check_draft_len(max_draft_len)
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.context_length = context_length
+        self.context_length, self.vision = context_length, vision
         self.max_draft_len, self.sibling, self.drafters = max_draft_len, sibling, list(drafters)
         self.tree_width = drafter.width if drafter else 1  # > 1: trees, a round's width the policy's (or chains)
         self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
@@ -116,6 +118,8 @@ class Engine:
         """A SpecError unless this engine can decode `job`: it fits (`check_fits`), and its settings are served
         here."""
         self.check_fits(len(job.prompt), job.max_tokens)
+        if job.images and self.lockstep:
+            raise SpecError("images across distributed ranks are not supported yet: serve them from one process")
         if job.grammar is not None and self.lockstep:
             raise SpecError("constrained output across distributed ranks is not supported yet: serve it from one "
                             "process")
@@ -170,22 +174,29 @@ class Engine:
         return list(prediction) if prediction else None
 
     def encode_chat(self, prompt: str | list[int] | list[dict],
-                    tools: list[dict] | None = None) -> tuple[list[int], str | None]:
-        """(token ids, the rendered chat or None); a chat is rendered with the `tools` it may call. A chat that
-        extends one of the last CHATS this engine answered keeps that one's tokens exactly as they were prefilled
-        and generated (text re-encoded may split differently), so the cache serves all of them."""
+                    tools: list[dict] | None = None) -> tuple[list[int], str | None, Images | None]:
+        """(token ids, the rendered chat or None, its images or None); a chat is rendered with the `tools` it may
+        call. A chat that extends one of the last CHATS this engine answered keeps that one's tokens exactly as
+        they were prefilled and generated (text re-encoded may split differently), so the cache serves all of
+        them. A chat with image parts is rendered with their placeholders, which the model's processor expands."""
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             if not prompt:
                 raise SpecError("the prompt is empty: give some text to continue")
-            return list(prompt), None
+            return list(prompt), None, None
+        if sources := image_sources(prompt):
+            if self.vision is None:
+                raise SpecError("this model reads text only: images need a vision-language checkpoint (Qwen 3.5 / "
+                                "3.6 with its vision tower); send text parts")
+            ids, images = self.vision.prompt(prompt_text(self.tokenizer, prompt, tools=tools, images=True)[0], sources)
+            return ids, None, images
         if isinstance(prompt, list):
             rendered, templated = prompt_text(self.tokenizer, prompt, tools=tools)
             said, ids = max(((said, ids) for said, ids in self.conversations if rendered.startswith(said)),
                             key=lambda chat: len(chat[0]), default=("", []))
             if templated and ids:
-                return ids + self.tokenizer.encode(rendered[len(said):], add_special_tokens=False), rendered
-            return render_prompt(self.tokenizer, prompt, tools=tools), rendered if templated else None
-        return render_prompt(self.tokenizer, prompt, raw=True, tools=tools), None
+                return ids + self.tokenizer.encode(rendered[len(said):], add_special_tokens=False), rendered, None
+            return render_prompt(self.tokenizer, prompt, tools=tools), rendered if templated else None, None
+        return render_prompt(self.tokenizer, prompt, raw=True, tools=tools), None, None
 
     def stream(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                max_tokens: int = 256, stop: list[str] = (), seed: int = 0,
@@ -204,9 +215,9 @@ class Engine:
             raise SpecError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
         if not all(isinstance(text, str) and text for text in stop):
             raise SpecError(f"stop strings must be non-empty text, got {list(stop)!r}")
-        context, chat = self.encode_chat(prompt, tools)
+        context, chat, images = self.encode_chat(prompt, tools)
         yield from self.decode(Job(context, params, max_tokens, tuple(stop), seed, grammar=grammar,
-                                   logprobs=logprobs, prediction=self.encode_prediction(prediction)),
+                                   logprobs=logprobs, prediction=self.encode_prediction(prediction), images=images),
                                should_stop, chat)
 
     def decode(self, job: Job, should_stop: Callable[[], bool] = lambda: False,
@@ -224,22 +235,24 @@ class Engine:
         row = Row(None, job, self.tokenizer, self.drafter.name if self.drafter else "off")
         mx.reset_peak_memory()
         cached, self.cached_context = self.cached_context, []  # unknown while the prefill runs
-        if self.prompt_cache is not None:
+        if self.prompt_cache is not None and not job.images:
             cached = self.prompt_cache.switch(self.target, self.drafter, cached, context[:-1])
         try:
             prompt_step = self.target.prefill(context[:-1], cached, hidden=self.policy.drafts_at(1),
                                               interrupted=lambda: not self.lockstep and (self.stop_requested
                                                                                          or should_stop()),
-                                              absorb=self.drafter.absorb if self.drafter else None)
+                                              absorb=self.drafter.absorb if self.drafter else None,
+                                              images=job.images)
         except Interrupted:
             row.stats.prefill_seconds = time.perf_counter() - row.started
             yield Done("stopped", "", [], row.stats)
             return
-        self.cached_context = row.context  # extended in place as it decodes, so it always describes the cache
+        # extended in place as it decodes, so it always describes the cache; an image's tokens are not its own
+        self.cached_context = [] if job.images else row.context
         row.stats.reused_prompt_tokens = prompt_step.start
         if self.drafter:
             self.drafter.begin(context, prompt_step)
-        if self.prompt_cache is not None and not self.target.cuttable:  # a point the next turn can reuse
+        if self.prompt_cache is not None and not self.target.cuttable and not job.images:  # for the next turn
             self.prompt_cache.store(self.prompt_cache.take(self.target, self.drafter, context[:-1]), False)
         row.stats.prefill_seconds = time.perf_counter() - row.started
         loop, stopping = self.round_loop(), False

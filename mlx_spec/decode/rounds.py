@@ -32,6 +32,7 @@ from ..core.text_stream import TextStream
 from ..core.verify import position_keys, tree_draws, verify_draft, walk_tree
 from ..policy.interface import DraftPolicy
 from ..policy.sequence import UNTIMED_ROUNDS, FixedDraftLength
+from ..runners.vision import Images
 from ..seams.errors import SpecError
 
 
@@ -46,6 +47,7 @@ class Job:
     grammar: object = None  # grammar.Grammar: what this row's output must match (None: anything)
     logprobs: int | None = None  # each Token's log-probability and this many likeliest tokens' (None: none)
     prediction: list[int] | None = None  # its predicted output (Predicted Outputs), which it drafts from
+    images: Images | None = None  # its prompt's images (runners/vision.py; None: text only)
 
 
 class Row:

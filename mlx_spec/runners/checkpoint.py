@@ -12,6 +12,7 @@ import psutil
 from ..models.common import materialize
 from ..seams.distributed import Lockstep
 from ..seams.errors import SpecError
+from .vision import Vision
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "*.tiktoken")
 VOCAB_PADDING_TOLERANCE = 128
@@ -130,3 +131,4 @@ class LoadedTarget:
     default_draft_model: str | None
     lockstep: Lockstep | None = None  # the ranks this target is sharded across (`distributed`)
     distributed: str | None = None  # how: "tensor" or "pipeline"
+    vision: Vision | None = None  # its image side, for a vision-language checkpoint

@@ -28,6 +28,7 @@ from ..seams.caches import (
 )
 from ..seams.errors import SpecError
 from .prompt_cache import common_prefix
+from .vision import Images
 
 MAX_DRAFT_LEN = 32
 PREFILL_CHUNK = 512
@@ -159,14 +160,18 @@ class Target:
         self.tree_ready = True
         return None
 
-    def forward(self, tokens, attend: np.ndarray | None = None, positions: list[int] | None = None) -> Step:
-        """Run `tokens` (list or 1-D array) through the model after the cached positions; lazy.
+    def forward(self, tokens, attend: np.ndarray | None = None, positions: list[int] | None = None,
+                embeddings: mx.array | None = None) -> Step:
+        """Run `tokens` (list or 1-D array) through the model after the cached positions; lazy. `embeddings`
+        (n, H): the tokens' input embeddings, given (a prompt's images).
 
         A tree (`tree_problem()` None): `attend` (n, m) says which of the last m positions (cached and new)
         each new token sees, besides everything before them; `positions` (n,) are its tokens' positions."""
         tokens = mx.array(tokens, dtype=mx.int32) if isinstance(tokens, list) else tokens
         self.offset += tokens.shape[0]
-        if attend is None:
+        if embeddings is not None:
+            logits = self.model(tokens[None], cache=self.cache, input_embeddings=embeddings[None])[0]
+        elif attend is None:
             logits = self.model(tokens[None], cache=self.cache)[0]
         else:
             if not self.tree_ready and (problem := self.tree_problem()):
@@ -201,14 +206,15 @@ class Target:
 
     def prefill(self, tokens: list[int], cached: list[int] = (), hidden: bool = True,
                 interrupted: Callable[[], bool] = lambda: False,
-                absorb: Callable[[int, mx.array], None] | None = None) -> Step:
+                absorb: Callable[[int, mx.array], None] | None = None, images: Images | None = None) -> Step:
         """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback. The prefix
         it shares with `cached` (what the cache holds now) is reused when the cache allows. Returns the hidden
         states of the last positions it ran (`hidden_tail` of them, or all) when they were asked for and `hidden`,
         no logits; with `absorb` each chunk's go to `absorb(first position, states)` as it runs instead, so a
         long prompt's are never all held at once. `interrupted()` is asked between chunks: when true, the cache
-        is emptied and `Interrupted` raised."""
-        keep = self.reusable(cached, tokens)
+        is emptied and `Interrupted` raised. `images`: the prompt's (runners/vision.py), whose positions it
+        prefills at their embeddings and multimodal positions; such a prompt reuses nothing."""
+        keep = 0 if images else self.reusable(cached, tokens)
         if keep:
             rollback(self.cache, self.offset - keep, self.offset)
             self.offset = keep
@@ -223,7 +229,10 @@ class Target:
                 self.reset()
                 raise Interrupted
             end = next_piece(start, len(tokens), tail)
-            step = self.forward(tokens[start:end])
+            if images is None:
+                step = self.forward(tokens[start:end])
+            else:
+                step = self.forward_images(tokens, start, end, images)
             states += [step.hidden] if read and start >= tail else []
             mx.eval([c.state for c in layers_of(self.cache)], states[-1:])
             if absorb and states:
@@ -234,6 +243,14 @@ class Target:
             cache.release()
             cache.capture = True
         return Step(None, mx.concatenate(states) if states else None, keep, absorbed=absorbed)
+
+    def forward_images(self, tokens: list[int], start: int, end: int, images: Images) -> Step:
+        """`forward` over prompt positions start..end - 1 of a prompt with images: image tokens at their
+        embeddings, every position at its multimodal rotary position (shifted: see runners/vision.py)."""
+        compat.positioned_ropes(self.model)
+        piece = mx.array(tokens[start:end], dtype=mx.int32)
+        with compat.positions(images.frame(start, end), images.sections):
+            return self.forward(piece, embeddings=images.embeddings(compat.input_embedding(self.model), piece, start))
 
     def keep(self, block: int, kept: list[int]) -> None:
         """Of the last `block` positions keep those at `kept` (ascending indices into the block), in order:

@@ -276,20 +276,32 @@ def gemma4_layer(layer, x: mx.array, mask, shared_kv: tuple, offset: int) -> mx.
     return layer(x, mask, None, shared_kv=shared_kv, offset=offset)[0]
 
 
-_positions: list = [None]  # the positions of the forward in progress, when they are not consecutive
+_positions: list = [None, None]  # the forward in progress's positions when not consecutive, and their sections
 
 
 def _positioned_rope_call(self, x, offset=0):
     base = type(self).__bases__[0].__call__
-    if _positions[0] is None:
+    values, sections = _positions
+    if values is None:
         return base(self, x, offset)
     # (batch, heads, n, dims) -> one row per token, of length 1: mx.fast.rope takes an offset per leading row
     batch, heads, n, dims = x.shape
-    if _positions[0].ndim == 2:  # (batch, n): each batch row's own positions
+    if values.ndim == 2 and sections is None:  # (batch, n): each batch row's own positions
         rows = x.transpose(0, 2, 1, 3).reshape(batch * n, heads, 1, dims)
-        return base(self, rows, _positions[0].reshape(-1)).reshape(batch, n, heads, dims).transpose(0, 2, 1, 3)
+        return base(self, rows, values.reshape(-1)).reshape(batch, n, heads, dims).transpose(0, 2, 1, 3)
     rows = x.transpose(2, 0, 1, 3).reshape(n, batch * heads, 1, dims)
-    return base(self, rows, _positions[0]).reshape(n, batch, heads, dims).transpose(1, 2, 0, 3)
+    if sections is None:
+        return base(self, rows, values).reshape(n, batch, heads, dims).transpose(1, 2, 0, 3)
+    # multimodal positions (axes, n): each rotary frequency turns by the axis `sections` gives it; a frequency's
+    # two dimensions (i and i + dims/2, mlx's non-traditional pairing) depend on that axis's position alone
+    turned = [base(self, rows, values[axis]).reshape(n, batch, heads, dims).transpose(1, 2, 0, 3)
+              for axis in range(values.shape[0])]
+    half = self.dims // 2
+    axis_of = mx.concatenate([sections, sections, mx.zeros(dims - 2 * half, dtype=sections.dtype)])
+    out = turned[0]
+    for axis in range(1, len(turned)):
+        out = mx.where(axis_of == axis, turned[axis], out)
+    return out
 
 
 def positioned_ropes(model) -> int:
@@ -307,14 +319,15 @@ def positioned_ropes(model) -> int:
 
 
 @contextlib.contextmanager
-def positions(values: mx.array):
+def positions(values: mx.array, sections: mx.array | None = None):
     """Within: the rotary embeddings of `positioned_ropes` models put the new tokens at `values`: (n,) for every
-    batch row, or (batch, n) each row's own."""
-    _positions[0] = values
+    batch row, or (batch, n) each row's own; with `sections` (one axis index per rotary frequency), multimodal
+    positions (axes, n) for every batch row, each frequency turned by its axis's (Qwen's M-RoPE)."""
+    _positions[:] = values, sections
     try:
         yield
     finally:
-        _positions[0] = None
+        _positions[:] = None, None
 
 
 @functools.cache

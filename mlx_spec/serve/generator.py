@@ -192,9 +192,9 @@ class Generator:
                     continue
                 try:
                     jobs[job.id] = job
-                    prompt, chats[job.id] = engine.encode_chat(job.prompt, job.tools)
+                    prompt, chats[job.id], images = engine.encode_chat(job.prompt, job.tools)
                     row = BatchJob(prompt, job.params, job.max_tokens, tuple(job.stop), job.seed, None, job.grammar,
-                                   job.logprobs, engine.encode_prediction(job.prediction))
+                                   job.logprobs, engine.encode_prediction(job.prediction), images)
                     engine.check_job(row)
                     prompts[job.id], job.row = prompt, row
                     job.row.draft_len = job.draft_len  # read after `row` is set: a pin meanwhile is not lost

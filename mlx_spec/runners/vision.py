@@ -1,0 +1,134 @@
+"""Images in a prompt: the checkpoint's processor expands each image's placeholder into the image's tokens, its
+vision tower (mlx-vlm's, through seams/vision.py) turns the image into their embeddings, and the prompt's
+multimodal rotary positions are worked out as Qwen's M-RoPE places them.
+
+Decoding after the prompt stays plain: the prompt is prefilled in a frame shifted by the positions its images
+saved (`Images.positions`), so every position after it is the cache's own offset, as in a text-only prompt, and
+every drafter, cache type and round works unchanged (rotary attention sees only position differences)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from ..seams import vision
+from ..seams.errors import SpecError
+
+
+@dataclass(frozen=True)
+class Images:
+    """A prompt's images, ready to prefill."""
+
+    features: mx.array  # (image tokens, hidden): the embeddings of the prompt's image tokens, in order
+    token: int  # the id of an image token (the placeholder the processor repeated)
+    positions: np.ndarray  # (3, prompt length): each position's temporal, height and width rotary positions
+    sections: mx.array  # (rotary frequencies,): the axis that turns each frequency
+    before: np.ndarray  # (prompt length + 1,): how many image tokens come before each position
+    digest: str  # of the images' pixels
+    count: int  # images
+
+    def embeddings(self, embed, tokens: mx.array, start: int) -> mx.array:
+        """The input embeddings of prompt positions start..start + len(tokens) - 1 (`embed`: the model's token
+        embedding), image tokens taking the features in order."""
+        is_image = tokens == self.token
+        index = mx.clip(mx.cumsum(is_image.astype(mx.int32)) - 1 + int(self.before[start]), 0,
+                        self.features.shape[0] - 1)
+        text = embed(tokens)
+        return mx.where(is_image[:, None], self.features[index].astype(text.dtype), text)
+
+    def frame(self, start: int, end: int) -> mx.array:
+        """(3, end - start): the positions of prompt positions start..end - 1 shifted by what the images saved,
+        so that the position after the prompt is its length (the cache's offset) on every axis."""
+        saved = self.positions.shape[1] - int(self.positions.max()) - 1
+        return mx.array(self.positions[:, start:end] + saved)
+
+
+def rope_positions(ids: list[int], token: int, grids: list[list[int]], merge: int) -> np.ndarray:
+    """(3, len(ids)) M-RoPE positions: a text token one past the last position on every axis; an image's tokens
+    its (t, h, w) patch grid (after merging) from one past the last position, the next text one past its largest."""
+    positions, at, image, after = np.zeros((3, len(ids)), dtype=np.int64), 0, 0, 0
+    while at < len(ids):
+        if ids[at] != token:
+            positions[:, at], at, after = after, at + 1, after + 1
+            continue
+        t, h, w = grids[image][0], grids[image][1] // merge, grids[image][2] // merge
+        grid = np.stack(np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")).reshape(3, -1)
+        positions[:, at:at + grid.shape[1]] = after + grid
+        at, image, after = at + grid.shape[1], image + 1, after + int(grid.max()) + 1
+    return positions
+
+
+def frequency_axes(text_config: dict) -> np.ndarray:
+    """The axis (0 temporal, 1 height, 2 width) that turns each rotary frequency: Qwen3-VL's interleaved layout
+    (t h w t h w ...) or Qwen2-VL's sections one after another."""
+    rope = text_config.get("rope_parameters") or text_config.get("rope_scaling") or {}
+    sections = rope["mrope_section"]
+    rotary = int(text_config.get("head_dim") or text_config["hidden_size"] // text_config["num_attention_heads"])
+    rotary = int(rotary * rope.get("partial_rotary_factor", text_config.get("partial_rotary_factor", 1.0)))
+    axes = np.zeros(rotary // 2, dtype=np.int32)
+    if rope.get("mrope_interleaved"):
+        for axis in (1, 2):
+            axes[axis:min(3 * sections[axis], len(axes)):3] = axis
+    else:
+        axes[sections[0]:sections[0] + sections[1]] = 1
+        axes[sections[0] + sections[1]:sum(sections)] = 2
+    return axes
+
+
+class Vision:
+    """A vision-language checkpoint's image side, loaded at its first image."""
+
+    def __init__(self, path: Path, config: dict):
+        self.path, self.config = path, config
+        self.tower = self.processor = None
+
+    @staticmethod
+    def of(path: Path, config: dict) -> "Vision | None":
+        """The image side of the checkpoint at `path`, None for a text-only one."""
+        if "vision_config" not in config or "image_token_id" not in config:
+            return None
+        if not (config.get("text_config") or {}).get("rope_parameters", {}).get("mrope_section"):
+            return None
+        return Vision(path, config)
+
+    def load(self) -> None:
+        if self.tower is None:
+            vision.check()
+            self.tower = vision.load_tower(self.path, self.config)
+            if self.tower is None:
+                raise SpecError(f"{self.path} declares a vision model but holds no vision weights (a text-only "
+                                "conversion?): use the original checkpoint for images")
+            self.processor = vision.load_processor(self.path)
+
+    def prompt(self, text: str, sources: list) -> tuple[list[int], Images]:
+        """(token ids, Images) for a rendered prompt whose image placeholders stand for `sources` (paths, bytes or
+        PIL images), in order."""
+        self.load()
+        images, digest = [], hashlib.sha256()
+        for i, source in enumerate(sources):
+            try:
+                images.append(vision.open_image(source))
+            except (ValueError, OSError) as e:
+                name = source if isinstance(source, (str, Path)) else f"image {i + 1}"
+                raise SpecError(f"cannot read {name} as an image ({e}): give a PNG, JPEG, GIF, WebP or BMP "
+                                "file") from None
+            digest.update(images[-1].tobytes() + repr(images[-1].size).encode())
+        try:
+            ids, pixels, grids = vision.process(self.processor, text, images)
+        except ValueError as e:
+            raise SpecError(f"the model's processor refuses these images ({e}): send one image per image part") \
+                from None
+        features = self.tower(pixels.astype(self.tower.patch_embed.proj.weight.dtype), grids)
+        features = features[0] if isinstance(features, tuple) else features
+        token, merge = self.config["image_token_id"], self.config["vision_config"].get("spatial_merge_size", 2)
+        if sum(t == token for t in ids) != features.shape[0]:
+            raise SpecError(f"the prompt holds {sum(t == token for t in ids)} image tokens for images of "
+                            f"{features.shape[0]}: put one image part per image")
+        text_config = self.config.get("text_config", self.config)
+        before = np.concatenate([[0], np.cumsum(np.array(ids) == token)])
+        return ids, Images(features, token, rope_positions(ids, token, grids.tolist(), merge),
+                           mx.array(frequency_axes(text_config)), before, digest.hexdigest(), len(images))
