@@ -13,7 +13,8 @@ from test_server import client
 
 @pytest.fixture
 def server(tiny):
-    proc, url = start_server(tiny, "--prompt-cache-gb", "1")
+    proc, url = start_server(tiny, "--prompt-cache-gb", "1", "--num-draft", "3")  # pinned: a busy CPU does not
+    # turn drafting off, or shorten it, so every draft position is counted
     yield url, str(tiny["qwen3-long"])
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
