@@ -319,12 +319,19 @@ MUTANTS = [
            "        attention = cache[0]",
            ("tests/test_nextn.py::test_nextn_drafting_is_exact[deepseek_v32]",)),
     Mutant("an image prompt is prefilled at its own positions, not shifted by what its images saved",
-           "mlx_spec/runners/vision.py", "return mx.array(self.positions[:, start:end] + saved)",
+           "mlx_spec/runners/vision.py", "return mx.array(self.positions[:, start:end] + self.saved)",
            "return mx.array(self.positions[:, start:end])",
            ("tests/test_vision.py::test_greedy_output_over_images_is_mlx_vlms_plain_greedy[off]",)),
     Mutant("M-RoPE turns every frequency by the temporal axis", "mlx_spec/seams/compat.py",
            "out = mx.where(axis_of == axis, turned[axis], out)", "out = turned[0]",
            ("tests/test_vision.py::test_an_image_prompt_scores_as_mlx_vlms_model_does",)),
+    Mutant("a batch row's image prompt is prefilled as text", "mlx_spec/decode/batched.py",
+           "row.prefill.extend(row.job.prompt[:-1], row.read_hidden, self.hidden_tail, row.job.images)",
+           "row.prefill.extend(row.job.prompt[:-1], row.read_hidden, self.hidden_tail)",
+           ("tests/test_vision.py::test_image_rows_in_a_batch_decode_as_each_does_alone",)),
+    Mutant("a cache holding one image serves a prompt showing another", "mlx_spec/runners/vision.py",
+           "    return held[:common_prefix(mine, theirs)]", "    return held[:common_prefix(held, tokens)]",
+           ("tests/test_vision.py::test_a_returning_turn_with_the_same_image_reuses_its_prefix",)),
 ]
 
 

@@ -321,7 +321,7 @@ def test_anthropic_text_streams_and_stop_sequences(claude, reference):
 @pytest.mark.parametrize("body, status, kind, fragment", [
     ({"messages": WEATHER}, 400, "invalid_request_error", "'max_tokens' is required"),
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
-     "invalid_request_error", "blocks of type 'image' are not supported"),
+     "invalid_request_error", "parts of type 'image_url' are not supported: this model reads text only"),
     ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error", "'system'"),
     ({"max_tokens": 8, "messages": WEATHER, "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "tool", "name": "x"}},
      400, "invalid_request_error", "not among the tools"),

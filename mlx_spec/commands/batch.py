@@ -1,7 +1,8 @@
 """Scripted batch generation: JSONL requests in, JSONL results out, resumable, nothing torn.
 
 Each input line is an object with an `id` (a text or a number, its own) and either a `prompt` (text, sent
-through the chat template unless `"raw": true`) or chat `messages`, plus optional `max_tokens`, `stop`, `seed`
+through the chat template unless `"raw": true`) or chat `messages` (a vision-language model's with image parts,
+`{"type": "image", "image": a path}`), plus optional `max_tokens`, `stop`, `seed`
 and sampling fields (`temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `presence_penalty`,
 `frequency_penalty`). A line that is not such an object, repeats an id or does not fit the model's context is
 skipped, with a message. Each result line holds `id` (as given), `text`, `stop_reason` and the statistics of
@@ -20,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator
 
-from ..core.prompts import render_prompt
+from ..core.prompts import image_sources, render_prompt
 from ..core.sampling import MAX_SEED, SamplingParams
 from ..decode.engine import Engine
 from ..decode.rounds import Job
@@ -80,10 +81,16 @@ def parse_request(line: str, number: int, engine: Engine, default_max_tokens: in
         raise SpecError(f"bad parameter ({e})") from None
     if (seed := whole_number(item, "seed", default_seed, 0)) >= MAX_SEED:
         raise SpecError(f"\"seed\" must be below 2**64, got {seed}")
-    prompt = render_prompt(engine.tokenizer, item.get("prompt", item.get("messages")), raw=item.get("raw", False))
+    given, images = item.get("prompt", item.get("messages")), None
+    if image_sources(given):  # image parts: {"type": "image", "image": a path}, as the Python API takes them
+        if item.get("raw"):
+            raise SpecError("images need the chat template to place them: drop \"raw\"")
+        prompt, _, images = engine.encode_chat(given)
+    else:
+        prompt = render_prompt(engine.tokenizer, given, raw=item.get("raw", False))
     max_tokens = whole_number(item, "max_tokens", default_max_tokens, 1)
     engine.check_fits(len(prompt), max_tokens)
-    return Request(item["id"], number, Job(prompt, params, max_tokens, tuple(stop), seed,
+    return Request(item["id"], number, Job(prompt, params, max_tokens, tuple(stop), seed, images=images,
                                            prediction=engine.encode_prediction(item.get("prediction"))))
 
 

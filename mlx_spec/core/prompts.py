@@ -15,7 +15,7 @@ def check_messages(messages, images: bool = False) -> list[dict]:
     """The messages as chat templates read them: each content one text (a list of OpenAI text parts,
     {"type": "text", "text"}, joined), an assistant's `tool_calls` with their arguments as objects; a SpecError
     for anything else. With `images`, a content holding image parts ({"type": "image", "image": a path, bytes
-    or a PIL image}) stays a list of parts, each image part {"type": "image"} (its placeholder in the template)."""
+    or a PIL image}) stays a list of parts, the image parts the template's placeholders."""
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise SpecError("messages must be a non-empty list of {\"role\", \"content\": text} objects")
     return [checked_message(m, images) for m in messages]
@@ -36,8 +36,8 @@ def content_parts(content) -> list[dict]:
     """A content with image parts as a chat template reads it: text parts and image placeholders, in order."""
     if not all(isinstance(part, dict) for part in content):
         content_text(content)  # its error
-    parts = [{"type": "image"} if part.get("type") == "image" else {"type": "text", "text": part.get("text")}
-             for part in content]
+    parts = [{"type": "image", "image": part.get("image")} if part.get("type") == "image"
+             else {"type": "text", "text": part.get("text")} for part in content]
     content_text([part for part in parts if part["type"] == "text"])  # the text parts, checked
     return parts
 
@@ -88,8 +88,8 @@ def content_text(content) -> str:
         return content
     if isinstance(content, list) and all(isinstance(part, dict) for part in content):
         if other := [part.get("type") for part in content if part.get("type") != "text"]:
-            raise SpecError(f"content parts of type {other[0]!r} are not supported: this model reads text only; "
-                            "send text parts")
+            raise SpecError(f"content parts of type {other[0]!r} are not supported: this model reads text only "
+                            "(images need a vision-language checkpoint); send text parts")
         if all(isinstance(part.get("text"), str) for part in content):
             return "".join(part["text"] for part in content)
     raise SpecError("a message's content must be text or a list of {\"type\": \"text\", \"text\"} parts")

@@ -15,6 +15,7 @@ class Stats:
     policy_reasons: list[str] = field(default_factory=list)  # the adaptive policy's figures behind it (`explain`)
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0  # of those, already in the cache from the previous generation
+    image_tokens: int = 0  # of those, the images' (a vision-language model's)
     generated_tokens: int = 0
     rounds: int = 0  # target forward passes after the prefill
     drafted: int = 0  # drafted positions (a tree counts its depth)
@@ -74,10 +75,11 @@ class Stats:
         return self.generated_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
     def to_dict(self) -> dict:
-        names = ["drafter", "policy", "policy_reasons", "prompt_tokens", "reused_prompt_tokens", "generated_tokens", "rounds",
-                 "drafted", "accepted", "nodes", "acceptance_rate", "mean_acceptance_length", "per_position_acceptance",
-                 "prefill_tps", "decode_tps", "prefill_seconds", "decode_seconds", "peak_memory", "active_memory",
-                 "drafter_report", "batch_size", "prediction", "forced"]
+        names = ["drafter", "policy", "policy_reasons", "prompt_tokens", "reused_prompt_tokens", "image_tokens",
+                 "generated_tokens", "rounds", "drafted", "accepted", "nodes", "acceptance_rate",
+                 "mean_acceptance_length", "per_position_acceptance", "prefill_tps", "decode_tps", "prefill_seconds",
+                 "decode_seconds", "peak_memory", "active_memory", "drafter_report", "batch_size", "prediction",
+                 "forced"]
         return {name: getattr(self, name) for name in names}
 
     def summary(self) -> str:

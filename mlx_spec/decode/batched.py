@@ -125,9 +125,6 @@ class BatchedDecoder:
         while True:
             while len(rows) + len(joining) < batch_size and (item := take()) is not None:
                 joining.append(Row(*item, self.tokenizer, self.name))
-                if joining[-1].job.images:
-                    raise SpecError("a prompt with images decodes alone for now (Engine.generate or stream), not "
-                                    "in a batch")
             stopped = stops([row.key for row in joining]) if joining else []
             for row in [row for row, stop in zip(list(joining), stopped) if stop]:  # between its prefill's chunks
                 joining.remove(row)
@@ -149,7 +146,8 @@ class BatchedDecoder:
                 staying = [i for i, row in enumerate(rows) if not row.stop_reason]
                 for i, row in enumerate(rows):
                     if row.stop_reason:
-                        self._store(batch, i, row.context)
+                        if not row.job.images:  # an image's tokens are not its own: no other prompt has them
+                            self._store(batch, i, row.context)
                         yield from ((row.key, event) for event in row.finish())
                 self.loop.select(staying)
                 rows = [rows[i] for i in staying]
@@ -167,10 +165,10 @@ class BatchedDecoder:
                 sharing = len(rows) + len(joining)
                 row.ready = self.loop.policy_for(sharing).drafts_at(sharing) if pin is None else pin > 0
                 row.read_hidden = self.read_hidden if row.ready else None
-                row.prefill = self._cached(row)
+                row.prefill = None if row.job.images else self._cached(row)
         if not rows and not batch.recurrent:
             for group in together([row for row in waiting if row.read_hidden is None and row.prefill is None
-                                   and len(row.job.prompt) <= PREFILL_CHUNK]):
+                                   and len(row.job.prompt) <= PREFILL_CHUNK and not row.job.images]):
                 prefilled = RaggedBatch.prefilled(self.model, [row.job.prompt[:-1] for row in group], **self.kv)
                 for i, row in enumerate(group):
                     self._store(prefilled, i, row.job.prompt[:-1], prompt=True)
@@ -182,13 +180,14 @@ class BatchedDecoder:
         if waiting:
             row = min(waiting, key=left_to_prefill)
             row.prefill = row.prefill or RaggedBatch(self.model, rows=1, **self.kv)
-            row.prefilled = row.prefill.extend(row.job.prompt[:-1], row.read_hidden, self.hidden_tail)
+            row.prefilled = row.prefill.extend(row.job.prompt[:-1], row.read_hidden, self.hidden_tail, row.job.images)
         unfinished = [left_to_prefill(row) for row in joining if not row.prefilled]
         if self.loop.plan or not (rows or not unfinished or max(unfinished) > PREFILL_CHUNK):
             return
         for row in [row for row in joining if row.prefilled]:
             joining.remove(row)
-            self._store(row.prefill, 0, row.job.prompt[:-1], prompt=True)
+            if not row.job.images:
+                self._store(row.prefill, 0, row.job.prompt[:-1], prompt=True)
             batch.join(row.prefill)
             self._joined(drafters, rows, row, mx.concatenate(row.prefill.hidden) if row.prefill.hidden else None)
             row.prefill = None

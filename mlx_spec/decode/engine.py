@@ -24,7 +24,7 @@ from ..drafters.protocol import Drafter, OneDrafter, shape
 from ..policy.sequence import AdaptiveDraftLength, FixedDraftLength
 from ..runners.prompt_cache import PromptCache, RowPrefixes
 from ..runners.target import MAX_DRAFT_LEN, Interrupted, OneRow, Target
-from ..runners.vision import Images
+from ..runners.vision import Images, reusable_prefix
 from ..seams.errors import SpecError
 from .batched import BatchedDecoder, batch_problem, largest_batch
 from .rounds import Job, RoundLoop, Row
@@ -81,6 +81,7 @@ class Engine:
         self.max_draft_len, self.sibling, self.drafters = max_draft_len, sibling, list(drafters)
         self.tree_width = drafter.width if drafter else 1  # > 1: trees, a round's width the policy's (or chains)
         self.cached_context: list[int] = []  # the last sequence; the target's cache holds its first `offset`
+        self.cached_images: Images | None = None  # the images of its prompt
         self.conversations: list[tuple[str, list[int]]] = []  # the last chats answered, as text and as tokens
         self.prompt_cache: PromptCache | None = None  # sequences kept besides the live one (None: none)
         self.stop_requested = False
@@ -183,18 +184,22 @@ class Engine:
             if not prompt:
                 raise SpecError("the prompt is empty: give some text to continue")
             return list(prompt), None, None
-        if sources := image_sources(prompt):
-            if self.vision is None:
+        if isinstance(prompt, list):
+            sources = image_sources(prompt)
+            if sources and self.vision is None:
                 raise SpecError("this model reads text only: images need a vision-language checkpoint (Qwen 3.5 / "
                                 "3.6 with its vision tower); send text parts")
-            ids, images = self.vision.prompt(prompt_text(self.tokenizer, prompt, tools=tools, images=True)[0], sources)
-            return ids, None, images
-        if isinstance(prompt, list):
-            rendered, templated = prompt_text(self.tokenizer, prompt, tools=tools)
+            rendered, templated = prompt_text(self.tokenizer, prompt, tools=tools, images=bool(sources))
             said, ids = max(((said, ids) for said, ids in self.conversations if rendered.startswith(said)),
                             key=lambda chat: len(chat[0]), default=("", []))
+            rest = self.tokenizer.encode(rendered[len(said):], add_special_tokens=False) if ids else []
+            if sources:
+                tokens, images = self.vision.prompt(rendered, sources)
+                if ids and (ids + rest).count(images.token) == images.features.shape[0]:  # the same images'
+                    return ids + rest, rendered, images.over(ids + rest)  # tokens: the turns before, as they ran
+                return tokens, rendered, images
             if templated and ids:
-                return ids + self.tokenizer.encode(rendered[len(said):], add_special_tokens=False), rendered, None
+                return ids + rest, rendered, None
             return render_prompt(self.tokenizer, prompt, tools=tools), rendered if templated else None, None
         return render_prompt(self.tokenizer, prompt, raw=True, tools=tools), None, None
 
@@ -235,7 +240,10 @@ class Engine:
         row = Row(None, job, self.tokenizer, self.drafter.name if self.drafter else "off")
         mx.reset_peak_memory()
         cached, self.cached_context = self.cached_context, []  # unknown while the prefill runs
-        if self.prompt_cache is not None and not job.images:
+        held_images, self.cached_images = self.cached_images, job.images
+        if job.images or held_images:  # sequences with images stay out of the prompt cache
+            cached = reusable_prefix(cached, held_images, context[:-1], job.images)
+        elif self.prompt_cache is not None:
             cached = self.prompt_cache.switch(self.target, self.drafter, cached, context[:-1])
         try:
             prompt_step = self.target.prefill(context[:-1], cached, hidden=self.policy.drafts_at(1),
@@ -247,8 +255,7 @@ class Engine:
             row.stats.prefill_seconds = time.perf_counter() - row.started
             yield Done("stopped", "", [], row.stats)
             return
-        # extended in place as it decodes, so it always describes the cache; an image's tokens are not its own
-        self.cached_context = [] if job.images else row.context
+        self.cached_context = row.context  # extended in place as it decodes, so it always describes the cache
         row.stats.reused_prompt_tokens = prompt_step.start
         if self.drafter:
             self.drafter.begin(context, prompt_step)
@@ -314,7 +321,7 @@ class Engine:
         median of `rounds` rounds after an untimed one. A drafter that finds fewer drafts (n-gram) is timed at
         the length it drafted."""
         context = self.encode(prompt)
-        self.cached_context = []
+        self.cached_context, self.cached_images = [], None
         prompt_step = self.target.prefill(context[:-1], absorb=self.drafter.absorb if self.drafter else None)
         if self.drafter:
             self.drafter.begin(context, prompt_step)

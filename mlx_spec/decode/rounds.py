@@ -60,7 +60,8 @@ class Row:
         self.context, self.generated = list(job.prompt), []
         self.text, self.seed = TextStream(tokenizer, list(job.stop)), mx.random.key(job.seed)
         self.random = self.seed  # what its drafts' keys are split off
-        self.stats = Stats(drafter=drafter_name, prompt_tokens=len(job.prompt))
+        self.stats = Stats(drafter=drafter_name, prompt_tokens=len(job.prompt),
+                           image_tokens=job.images.features.shape[0] if job.images else 0)
         self.stop_reason: str | None = None
         self.prediction = Prediction(job.prediction, len(job.prompt)) if job.prediction else None
         self.forced = [0, 0]  # drafts of the text its grammar forces: drafted, accepted

@@ -38,6 +38,7 @@ from ..models import qwen3_5
 from ..seams import compat
 from ..seams.caches import RecurrentCache, check_trees, layers_of
 from .target import hidden_from, next_piece
+from .vision import Images
 
 STEP = 256  # columns added when the buffers grow
 
@@ -171,15 +172,25 @@ class RaggedBatch:
                 else tree_map(lambda buffer: mx.take(buffer[row:row + 1], columns, axis=2), (cache.keys, cache.values))
                 for cache in self.layers]
 
-    def extend(self, tokens: list[int], read_hidden=None, hidden_tail: int | None = None) -> bool:
+    def extend(self, tokens: list[int], read_hidden=None, hidden_tail: int | None = None,
+               images: Images | None = None) -> bool:
         """Run the next piece (`target.next_piece`) of `tokens` that this one-row batch does not hold yet; whether
         it now holds them all (a prompt prefilled a piece at a time). `read_hidden` (see `target.hidden_reader`):
-        the hidden states of the last `hidden_tail` tokens (None: all) are appended to `hidden`, (n, H) a piece."""
+        the hidden states of the last `hidden_tail` tokens (None: all) are appended to `hidden`, (n, H) a piece.
+        `images`: the prompt's (runners/vision.py), at their embeddings and positions, as `Target.prefill` runs
+        them."""
         done = int(self.offsets[0])
         tail = hidden_from(0, len(tokens), hidden_tail if read_hidden else 0)
         end = next_piece(done, len(tokens), tail)
         if done < len(tokens):
-            self.forward(mx.array([tokens[done:end]], dtype=mx.int32), [end - done])
+            piece = mx.array(tokens[done:end], dtype=mx.int32)
+            if images is None:
+                self.forward(piece[None], [end - done])
+            else:
+                compat.positioned_ropes(self.model)
+                with compat.positions(images.frame(done, end), images.sections):
+                    self.forward(piece[None], [end - done],
+                                 embeddings=images.embeddings(compat.input_embedding(self.model), piece, done)[None])
             self.hidden += [read_hidden()[0]] if read_hidden and done >= tail else []
             mx.eval([c.state for c in self.layers], self.hidden[-1:])
         return end >= len(tokens)
@@ -217,12 +228,14 @@ class RaggedBatch:
             cache.capture = True
         self.states = [[0] for _ in range(self.size)] if self.recurrent else None
 
-    def forward(self, tokens: mx.array, lengths: list[int], trees: list | None = None) -> mx.array:
+    def forward(self, tokens: mx.array, lengths: list[int], trees: list | None = None,
+                embeddings: mx.array | None = None) -> mx.array:
         """Run `tokens` (B, n) after what each row holds (or inputs (B, n, D) of a model that takes vectors): row
         i's first `lengths[i]` inputs are real, the rest padding (never seen by real inputs, masked out after).
         `trees`: per row None (a chain) or (attend, depths): its inputs are a token tree, each seeing what
         `attend` (lengths[i], lengths[i]) says among them, at its position's `depths` past the last it holds
-        (`tree_problem` None). Returns the model's output, logits (B, n, V); lazy."""
+        (`tree_problem` None). `embeddings` (B, n, H): the tokens' input embeddings, given (a prompt's images).
+        Returns the model's output, logits (B, n, V); lazy."""
         b, n = tokens.shape[:2]
         if self.states is not None:
             self._resume_recurrent()
@@ -243,7 +256,8 @@ class RaggedBatch:
             else contextlib.nullcontext()
         try:
             with placed:
-                logits = self.model(tokens, cache=self.caches)
+                logits = self.model(tokens, cache=self.caches, **({} if embeddings is None else
+                                                                  {"input_embeddings": embeddings}))
         finally:
             self.mask = self.positions = self._windows = None
         if self.states is not None:

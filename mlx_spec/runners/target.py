@@ -213,8 +213,8 @@ class Target:
         no logits; with `absorb` each chunk's go to `absorb(first position, states)` as it runs instead, so a
         long prompt's are never all held at once. `interrupted()` is asked between chunks: when true, the cache
         is emptied and `Interrupted` raised. `images`: the prompt's (runners/vision.py), whose positions it
-        prefills at their embeddings and multimodal positions; such a prompt reuses nothing."""
-        keep = 0 if images else self.reusable(cached, tokens)
+        prefills at their embeddings and multimodal positions (`cached` then as `vision.reusable_prefix` cut it)."""
+        keep = self.reusable(cached, tokens)
         if keep:
             rollback(self.cache, self.offset - keep, self.offset)
             self.offset = keep

@@ -8,28 +8,48 @@ every drafter, cache type and round works unchanged (rotary attention sees only 
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
-from ..seams import vision
+from ..seams import compat, vision
 from ..seams.errors import SpecError
+from .prompt_cache import common_prefix
 
 
 @dataclass(frozen=True)
 class Images:
     """A prompt's images, ready to prefill."""
 
+    prompt: tuple[int, ...]  # the token ids of the prompt they are in, each image's placeholder expanded
     features: mx.array  # (image tokens, hidden): the embeddings of the prompt's image tokens, in order
     token: int  # the id of an image token (the placeholder the processor repeated)
-    positions: np.ndarray  # (3, prompt length): each position's temporal, height and width rotary positions
+    grids: tuple[tuple[int, int, int], ...]  # each image's (t, h, w) patch grid, before merging
+    merge: int  # patches merged into one token along each side
     sections: mx.array  # (rotary frequencies,): the axis that turns each frequency
-    before: np.ndarray  # (prompt length + 1,): how many image tokens come before each position
-    digest: str  # of the images' pixels
-    count: int  # images
+    keys: np.ndarray  # (image tokens,): each image token's stand-in when prompts are compared, from its image's pixels
+
+    @property
+    def count(self) -> int:
+        return len(self.grids)
+
+    @functools.cached_property
+    def positions(self) -> np.ndarray:
+        """(3, prompt length): each position's temporal, height and width rotary positions."""
+        return rope_positions(list(self.prompt), self.token, self.grids, self.merge)
+
+    @functools.cached_property
+    def before(self) -> np.ndarray:
+        """(prompt length + 1,): how many image tokens come before each position."""
+        return np.concatenate([[0], np.cumsum(np.array(self.prompt) == self.token)])
+
+    def over(self, prompt: list[int]) -> "Images":
+        """The same images in another prompt (the same placeholders, other text around them)."""
+        return replace(self, prompt=tuple(prompt))
 
     def embeddings(self, embed, tokens: mx.array, start: int) -> mx.array:
         """The input embeddings of prompt positions start..start + len(tokens) - 1 (`embed`: the model's token
@@ -40,11 +60,33 @@ class Images:
         text = embed(tokens)
         return mx.where(is_image[:, None], self.features[index].astype(text.dtype), text)
 
+    @property
+    def saved(self) -> int:
+        """The positions the images saved: each takes the largest side of its grid, not one per token."""
+        return self.positions.shape[1] - int(self.positions.max()) - 1
+
     def frame(self, start: int, end: int) -> mx.array:
         """(3, end - start): the positions of prompt positions start..end - 1 shifted by what the images saved,
         so that the position after the prompt is its length (the cache's offset) on every axis."""
-        saved = self.positions.shape[1] - int(self.positions.max()) - 1
-        return mx.array(self.positions[:, start:end] + saved)
+        return mx.array(self.positions[:, start:end] + self.saved)
+
+    def keyed(self, tokens: list[int]) -> list[int]:
+        """`tokens` (the prompt, and what followed it) with each image token of the prompt replaced by its stand-in
+        (negative: no token's id), so that prompts showing different images differ where the images do."""
+        keyed, prompt = list(tokens), self.positions.shape[1]
+        for index, at in enumerate(np.flatnonzero(np.array(tokens[:prompt]) == self.token)):
+            keyed[at] = int(self.keys[index])
+        return keyed
+
+
+def reusable_prefix(held: list[int], held_images: Images | None, tokens: list[int], images: Images | None) -> list:
+    """What of a cache holding `held` (with `held_images`) a prefill of `tokens` (with `images`) may keep: their
+    common prefix, images compared by their pixels; nothing when the images saved different numbers of positions
+    (each prompt is prefilled in its own shifted frame: see `Images.frame`)."""
+    if (held_images.saved if held_images else 0) != (images.saved if images else 0):
+        return []
+    mine, theirs = held_images.keyed(held) if held_images else held, images.keyed(tokens) if images else tokens
+    return held[:common_prefix(mine, theirs)]
 
 
 def rope_positions(ids: list[int], token: int, grids: list[list[int]], merge: int) -> np.ndarray:
@@ -98,6 +140,7 @@ class Vision:
     def load(self) -> None:
         if self.tower is None:
             vision.check()
+            compat.check_sections()
             self.tower = vision.load_tower(self.path, self.config)
             if self.tower is None:
                 raise SpecError(f"{self.path} declares a vision model but holds no vision weights (a text-only "
@@ -108,7 +151,7 @@ class Vision:
         """(token ids, Images) for a rendered prompt whose image placeholders stand for `sources` (paths, bytes or
         PIL images), in order."""
         self.load()
-        images, digest = [], hashlib.sha256()
+        images, keys = [], []
         for i, source in enumerate(sources):
             try:
                 images.append(vision.open_image(source))
@@ -116,7 +159,8 @@ class Vision:
                 name = source if isinstance(source, (str, Path)) else f"image {i + 1}"
                 raise SpecError(f"cannot read {name} as an image ({e}): give a PNG, JPEG, GIF, WebP or BMP "
                                 "file") from None
-            digest.update(images[-1].tobytes() + repr(images[-1].size).encode())
+            digest = hashlib.sha256(images[-1].tobytes() + repr(images[-1].size).encode()).digest()
+            keys.append(-1 - int.from_bytes(digest[:7], "big"))
         try:
             ids, pixels, grids = vision.process(self.processor, text, images)
         except ValueError as e:
@@ -128,7 +172,8 @@ class Vision:
         if sum(t == token for t in ids) != features.shape[0]:
             raise SpecError(f"the prompt holds {sum(t == token for t in ids)} image tokens for images of "
                             f"{features.shape[0]}: put one image part per image")
-        text_config = self.config.get("text_config", self.config)
-        before = np.concatenate([[0], np.cumsum(np.array(ids) == token)])
-        return ids, Images(features, token, rope_positions(ids, token, grids.tolist(), merge),
-                           mx.array(frequency_axes(text_config)), before, digest.hexdigest(), len(images))
+        grids = tuple(tuple(grid) for grid in grids.tolist())
+        per_image = [t * h * w // merge ** 2 for t, h, w in grids]
+        return ids, Images(tuple(ids), features, token, grids, merge,
+                           mx.array(frequency_axes(self.config.get("text_config", self.config))),
+                           np.repeat(keys, per_image))

@@ -331,6 +331,22 @@ def positions(values: mx.array, sections: mx.array | None = None):
 
 
 @functools.cache
+def check_sections() -> None:
+    """`positions` with sections: a frequency turns by its own axis's position (mx.fast.rope's offset per row)."""
+    holder = nn.Module()
+    holder.rope = nn.RoPE(8, base=10.0)
+    positioned_ropes(holder)
+    x = mx.random.normal((1, 1, 2, 8), key=mx.random.key(0))
+    with positions(mx.array([[1, 2], [5, 2], [3, 7]]), mx.array([0, 1, 2, 0])):
+        turned = holder.rope(x)
+    axis_of = mx.array([0, 1, 2, 0] * 2)
+    for axis, at in enumerate(([1, 2], [5, 2], [3, 7])):
+        plain = mx.concatenate([holder.rope(x[:, :, i:i + 1], offset=p) for i, p in enumerate(at)], axis=2)
+        if not mx.allclose(mx.where(axis_of == axis, turned, 0), mx.where(axis_of == axis, plain, 0), atol=1e-5):
+            raise broken("rotary embeddings by sections (multimodal positions): mx.fast.rope's offsets per row")
+
+
+@functools.cache
 def check() -> None:
     """Run every reliance point above on tiny layers; raise SpecError naming what changed."""
     check_rotating_cache()

@@ -87,11 +87,14 @@ def chat_messages(message: dict) -> list[dict]:
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
     if not isinstance(blocks, list) or not all(isinstance(b, dict) for b in blocks):
         raise APIError(400, "a message's content must be text or a list of content blocks", "messages")
-    text, calls, results = [], [], []
+    text, calls, results, parts = [], [], [], []
     for block in blocks:
         kind = block.get("type")
         if kind == "text" and isinstance(block.get("text"), str):
             text.append(block["text"])
+            parts.append(block)
+        elif kind == "image" and role == "user":
+            parts.append({"type": "image_url", "image_url": {"url": image_url(block.get("source"))}})
         elif kind == "tool_use" and role == "assistant" and isinstance(block.get("name"), str):
             calls.append({"id": block.get("id"), "type": "function",
                           "function": {"name": block["name"], "arguments": block.get("input") or {}}})
@@ -100,9 +103,17 @@ def chat_messages(message: dict) -> list[dict]:
                             "content": text_of(block.get("content", ""), "messages")})
         else:
             raise APIError(400, f"content blocks of type {kind!r} are not supported in a {role} message here: send "
-                                "text, tool_use (assistant) or tool_result (user) blocks", "messages")
-    said = [{"role": role, "content": "".join(text), **({"tool_calls": calls} if calls else {})}]
-    return results + (said if text or calls or not results else [])
+                                "text, image (user), tool_use (assistant) or tool_result (user) blocks", "messages")
+    content = parts if len(parts) > len(text) else "".join(text)  # image blocks: the parts, in order
+    said = [{"role": role, "content": content, **({"tool_calls": calls} if calls else {})}]
+    return results + (said if parts or calls or not results else [])
+
+
+def image_url(source) -> str | None:
+    """An image block's source as an OpenAI image URL: base64 data as a data URL, a URL as it is."""
+    if isinstance(source, dict) and source.get("type") == "base64":
+        return f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
+    return source.get("url") if isinstance(source, dict) and source.get("type") == "url" else None
 
 
 def tool_use(call: dict) -> dict:

@@ -8,9 +8,11 @@ on the server from its next round.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from dataclasses import asdict
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -23,6 +25,20 @@ from ..seams.memory import MemoryReport
 
 STATUS_SECONDS = 600.0  # the status runs on the generation thread, after the generations already waiting there
 CONTROL_SECONDS = 10.0
+
+
+def image_url(part: dict) -> dict:
+    """An image part ({"type": "image", "image": a path or bytes}) as OpenAI's, a data URL; other parts as they
+    are."""
+    if not isinstance(part, dict) or part.get("type") != "image":
+        return part
+    image = part.get("image")
+    try:
+        data = image if isinstance(image, bytes) else Path(image).expanduser().read_bytes()
+    except (OSError, TypeError) as e:
+        raise SpecError(f"cannot read the image {image!r} ({getattr(e, 'strerror', None) or e}): give an image "
+                        "file's path") from None
+    return {"type": "image_url", "image_url": {"url": "data:image;base64," + base64.b64encode(data).decode()}}
 
 
 class RemoteEngine:
@@ -112,8 +128,11 @@ class RemoteEngine:
 
     def stream(self, prompt: str | list[int] | list[dict], params: SamplingParams = SamplingParams(),
                max_tokens: int = 256, stop: list[str] = (), seed: int = 0) -> Iterator[Token | Text | Round | Done]:
-        """As Engine.stream: a text as it is, token ids, or a chat through the server model's chat template."""
-        chat = isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt) and prompt
+        """As Engine.stream: a text as it is, token ids, or a chat through the server model's chat template (its
+        image parts sent as data URLs)."""
+        chat = isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt) and [
+            {**m, "content": [image_url(p) for p in m["content"]]} if isinstance(m.get("content"), list) else m
+            for m in prompt]
         with self.lock:
             self.job_id, self.pending = None, {}  # a stop asked before this stream began is not for it
         body = {"messages" if chat else "prompt": prompt, **asdict(params), "max_tokens": max_tokens,

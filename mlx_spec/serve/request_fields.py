@@ -4,12 +4,21 @@ max_tokens, seed, tools, response_format) and mlx-spec's (`drafter`, `num_draft`
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
+import urllib.parse
 from dataclasses import replace
 
 from ..core.events import Done
 from ..core.grammar import Grammar
-from ..core.prompts import check_messages, check_tools, render_prompt
+from ..core.prompts import (
+    check_messages,
+    check_tools,
+    image_sources,
+    prompt_text,
+    render_prompt,
+)
 from ..core.sampling import MAX_SEED
 from ..decode.engine import check_draft_len
 from ..seams.errors import SpecError
@@ -52,12 +61,17 @@ def parse_job(body: dict, chat: bool, server, native: bool = False) -> Job:
     tokenizer = server.generator.default.tokenizer
     tools, forced = parse_tools(body, chat, tokenizer)
     if chat:
-        messages = body.get("messages")
+        vision = server.generator.default.vision is not None
+        messages = with_images(body.get("messages")) if vision else body.get("messages")
         try:
-            prompt = check_messages(messages)
+            prompt = check_messages(messages, images=vision)
+            if image_sources(prompt):  # the images' tokens are counted when the model's processor expands them
+                ids = tokenizer.encode(prompt_text(tokenizer, prompt, tools=tools, images=True)[0],
+                                       add_special_tokens=False)
+            else:  # a conversation the chat template rejects: a 400 now
+                ids = render_prompt(tokenizer, prompt, tools=tools)
         except SpecError as e:
             raise APIError(400, f"'messages': {e}", "messages") from None
-        ids = render_prompt(tokenizer, prompt, tools=tools)  # a conversation the chat template rejects: a 400 now
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -104,6 +118,33 @@ def parse_job(body: dict, chat: bool, server, native: bool = False) -> Job:
                        "tool_choice")
     return Job(prompt, params, max_tokens, stop, seed, drafter, draft_len, time.monotonic() + server.timeout, native,
                tools, len(ids), grammar or forced, logprobs, parse_prediction(body))
+
+
+def with_images(messages):
+    """OpenAI's image parts ({"type": "image_url", "image_url": {"url"}}) as the engine reads them: a data URL's
+    bytes, a file URL's path; an APIError for a remote URL (the server fetches nothing) or a malformed one."""
+    if not isinstance(messages, list):
+        return messages
+    return [{**m, "content": [image_part(p) if isinstance(p, dict) and p.get("type") == "image_url" else p
+                              for p in m["content"]]}
+            if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]
+
+
+def image_part(part: dict) -> dict:
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    if isinstance(url, str) and url.startswith("data:") and ";base64," in url:
+        try:
+            return {"type": "image", "image": base64.b64decode(url.split(";base64,", 1)[1], validate=True)}
+        except binascii.Error:
+            pass
+    elif isinstance(url, str) and url.startswith("file://"):
+        return {"type": "image", "image": urllib.parse.unquote(urllib.parse.urlparse(url).path)}
+    elif isinstance(url, str) and url.startswith(("http://", "https://")):
+        raise APIError(400, "remote image URLs are not fetched (this server makes no requests): send the image as "
+                            "a data URL (data:image/png;base64,...)", "messages")
+    raise APIError(400, "an image_url must be a data URL (data:image/png;base64,...) or a file URL "
+                        "(file:///path/to/image.png)", "messages")
 
 
 def parse_prediction(body: dict) -> str | None:

@@ -33,7 +33,7 @@ from ..widgets.stats import StatsPanel
 HELP = ("Enter sends. Esc stops the answer (keeping what came). F2 speculation on/off, F3 colour drafted tokens, "
         "F4/F5 draft length -/+ (pins it), F6/F7 temperature -/+, F8 next drafter (between answers), "
         "Ctrl+N new chat, Ctrl+S save transcript, Ctrl+Q quit. F2/F4/F5 act on the answer being written from "
-        "its next round.")
+        "its next round. /image PATH attaches an image to your next message (a vision-language model).")
 
 DRAFT = Binding.Group("Draft", compact=True)
 
@@ -92,6 +92,7 @@ class ChatScreen(Screen):
     def __init__(self):
         super().__init__()
         self.messages: list[dict] = []
+        self.images: list[str] = []  # attached with /image, sent with the next message
         self.history: list[float] = []  # tokens per target forward, per round
         self.generating = False
         self.stop_requested = False
@@ -142,13 +143,26 @@ class ChatScreen(Screen):
         if not text or self.generating:
             return
         event.input.value = ""
-        self.messages.append({"role": "user", "content": text})
-        self.add_message(MessageView("user", text))
+        if text.startswith("/image"):
+            self.attach(text.removeprefix("/image").strip())
+            return
+        parts = [{"type": "image", "image": path} for path in self.images]
+        self.messages.append({"role": "user", "content": parts + [{"type": "text", "text": text}] if parts else text})
+        self.add_message(MessageView("user", "".join(f"[image {Path(p).name}] " for p in self.images) + text))
+        self.images = []
         self.answer = self.add_message(MessageView("assistant"))
         self.generating, self.stop_requested, self.turn_engine = True, False, self.engine
         self.plain_turn = self.engine.status().draft_len == 0
         self.show_status()  # this answer's drafter and policy; its figures come with it
         self.requests.put(Turn(self.engine, list(self.messages), self.app.params, self.app.max_tokens))
+
+    def attach(self, path: str) -> None:
+        """`/image PATH`: the image goes with the next message (the engine reads it then, or says why not)."""
+        if not path or not Path(path).expanduser().is_file():
+            self.add_message(MessageView("error", f"/image {path}: no such file: give an image file's path"))
+            return
+        self.images.append(str(Path(path).expanduser()))
+        self.add_message(MessageView("note", f"image {Path(path).name} attached: it goes with your next message"))
 
     def serve(self) -> None:
         """Every turn runs on this one thread (not daemonic, joined on unmount): MLX arrays belong to the thread
@@ -290,6 +304,7 @@ class ChatScreen(Screen):
             self.notify("a new chat starts between answers (Esc stops this one)")
             return
         self.messages.clear()
+        self.images = []
         self.history.clear()
         self.last_stats = None
         self.query_one("#transcript", VerticalScroll).remove_children()

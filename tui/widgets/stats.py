@@ -45,6 +45,8 @@ class StatsPanel(VerticalScroll, can_focus=False):
             speed += f", {stats.decode_tps / plain_tps:.2f}x plain"
         if stats.reused_prompt_tokens:
             speed += f"\n{stats.reused_prompt_tokens} of {stats.prompt_tokens} prompt tokens cached"
+        if stats.image_tokens:
+            speed += f"\n{stats.image_tokens} image tokens, prefill {stats.prefill_seconds:.2f} s"
         self.query_one("#speed", Static).update(speed)
         pressure = self.query_one("#pressure", Static)
         pressure.update(f"memory pressure: {memory.pressure}\n({memory.pressure_detail})"
