@@ -2,6 +2,7 @@
 mlx-vlm's own model does, and decodes it with every drafter exactly as mlx-vlm's plain greedy generation does."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -365,3 +366,15 @@ def test_batch_lines_carry_images(tiny, reference, images, tmp_path):
     for name, shown in (("wide", images[:1]), ("both", images)):
         expected = reference[1].tokenizer.decode(reference_greedy(reference, shown, 12))
         assert results[name]["text"] and expected.startswith(results[name]["text"])
+
+
+def test_images_for_a_vision_model_not_read_yet_are_refused(tiny, images, tmp_path):
+    """A vision-language checkpoint of a family mlx-spec does not read images for yet (Gemma 4's layout) gets a
+    one-line error naming the family and the ones that work."""
+    folder = tmp_path / "gemma4-vl"
+    shutil.copytree(tiny["gemma4"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vision_config": {"model_type": "gemma4_vision"}}))
+    engine = mlx_spec.load(str(folder), drafter="off")
+    with pytest.raises(SpecError, match="images are not supported for .* checkpoints yet: Qwen 3.5 / 3.6 read"):
+        mlx_spec.generate(engine, chat(images[:1]), max_tokens=4)

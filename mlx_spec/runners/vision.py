@@ -121,6 +121,10 @@ def frequency_axes(text_config: dict) -> np.ndarray:
     return axes
 
 
+READS = ("qwen3_5", "qwen3_5_moe")  # the model types whose images mlx-spec reads
+READS_SAID = "Qwen 3.5 / 3.6"
+
+
 class Vision:
     """A vision-language checkpoint's image side, loaded at its first image."""
 
@@ -131,14 +135,15 @@ class Vision:
     @staticmethod
     def of(path: Path, config: dict) -> "Vision | None":
         """The image side of the checkpoint at `path`, None for a text-only one."""
-        if "vision_config" not in config or "image_token_id" not in config:
-            return None
-        if not (config.get("text_config") or {}).get("rope_parameters", {}).get("mrope_section"):
-            return None
-        return Vision(path, config)
+        return Vision(path, config) if "vision_config" in config else None
 
     def load(self) -> None:
         if self.tower is None:
+            rope = (self.config.get("text_config") or {}).get("rope_parameters") or {}
+            if self.config.get("model_type") not in READS or "image_token_id" not in self.config \
+                    or "mrope_section" not in rope:
+                raise SpecError(f"images are not supported for {self.config.get('model_type')} checkpoints yet: "
+                                f"{READS_SAID} read them (see docs/images.md)")
             vision.check()
             compat.check_sections()
             self.tower = vision.load_tower(self.path, self.config)
