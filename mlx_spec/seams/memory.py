@@ -134,13 +134,15 @@ def pressure() -> tuple[str, str]:
 
 
 def report(engine) -> MemoryReport:
-    """A snapshot for an Engine: its weights and caches, MLX's allocator, and the system."""
-    drafter = engine.drafter
+    """A snapshot for an Engine: its weights (a vision tower's once an image loaded it) and caches, MLX's
+    allocator, and the system."""
+    drafter, vision = engine.drafter, engine.vision
     kv = cache_bytes(engine.target.cache) + cache_bytes(drafter and drafter.caches)
     vm = psutil.virtual_memory()
     level, detail = pressure()
     stored = engine.prompt_cache
-    return MemoryReport(parameter_bytes(engine.target.model), parameter_bytes(drafter and drafter.weights), kv,
+    weights = parameter_bytes(engine.target.model) + parameter_bytes(vision and vision.tower)
+    return MemoryReport(weights, parameter_bytes(drafter and drafter.weights), kv,
                         mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory(),
                         vm.available, vm.total, level, detail, stored.nbytes if stored else 0,
                         stored.budget if stored else 0)
