@@ -277,10 +277,11 @@ def test_a_returning_turn_with_the_same_image_reuses_its_prefix(tiny, reference,
     steps = generate_step(inputs["input_ids"], model, inputs["pixel_values"], inputs["attention_mask"],
                           image_grid_thw=inputs["image_grid_thw"], temperature=0.0, max_tokens=10)
     assert second.tokens == [int(t) for (t, _), _ in zip(steps, range(10))][:len(second.tokens)]
-    other = str(write_image(Path(images[0]).with_name("other.png"), 64, 48, 5))
+    other = str(write_image(Path(images[0]).with_name("other.png"), 64, 48, 5))  # as many tokens, other pixels
     swapped = [{**conversation[0], "content": [{"type": "image", "image": other} if p.get("type") == "image" else p
-                                               for p in conversation[0]["content"]]}] + conversation[1:]
-    third = mlx_spec.generate(engine, swapped, max_tokens=10)
+                                               for p in conversation[0]["content"]]}] + conversation[1:] + [
+        {"role": "assistant", "content": second.text}, {"role": "user", "content": "and?"}]
+    third = mlx_spec.generate(engine, swapped, max_tokens=10)  # its tokens extend what the cache holds
     assert third.stats.reused_prompt_tokens == 0  # a Gated DeltaNet cache keeps all it holds, or nothing
 
 
