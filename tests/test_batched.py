@@ -152,8 +152,8 @@ def test_a_row_joining_where_drafting_does_not_pay_skips_its_prompt_rows_and_dra
     engine = mlx_spec.load(str(DEMO / "demo"), drafter="mtp")
     jobs = jobs_for(engine)[:4]
     read, extend = [], RaggedBatch.extend
-    monkeypatch.setattr(RaggedBatch, "extend", lambda self, tokens, read_hidden=None, tail=None:
-                        read.append(read_hidden) or extend(self, tokens, read_hidden, tail))
+    monkeypatch.setattr(RaggedBatch, "extend", lambda self, tokens, read_hidden=None, tail=None, images=None:
+                        read.append(read_hidden) or extend(self, tokens, read_hidden, tail, images))
     decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, engine.max_draft_len,
                              engine.target.read_hidden, hidden_tail=engine.target.hidden_tail)
     decoder.policy = Unreadied()
