@@ -106,7 +106,7 @@ def test_text_format_json_schema_equals_plain_constrained_decoding(api, tool_mod
 @pytest.mark.parametrize("body, fragment, param", [
     ({"input": [{"type": "reasoning", "summary": []}]}, "items of type 'reasoning' are not supported", "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input_image are not supported", "input"),
+     "this model reads text only (images need a vision-language checkpoint)", "input"),
     ({"input": []}, "'input' must be", "input"),
     ({"input": [{"role": "robot", "content": "hi"}]}, "role must be one of", "input"),
     ({"input": "hi", "previous_response_id": "resp_gone"}, "'resp_gone' not found", "previous_response_id"),

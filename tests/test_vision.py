@@ -206,7 +206,8 @@ def test_image_rows_in_a_batch_decode_as_each_does_alone(tiny, reference, images
 
 def test_the_server_answers_images_from_the_official_clients(tiny, reference, images):
     """A served vision model: the openai client's image_url parts (a data URL and a file URL, in one request and
-    concurrently with a text request), the anthropic client's base64 image block and the chat's remote engine
+    concurrently with a text request), its Responses API's input_image part, the anthropic client's base64 image
+    block and the chat's remote engine
     (image parts sent as data URLs) answer with mlx-vlm's plain greedy text; a remote URL is refused in one line
     (the server fetches nothing)."""
     import base64
@@ -244,6 +245,11 @@ def test_the_server_answers_images_from_the_official_clients(tiny, reference, im
             {"type": "text", "text": "look "}, block, {"type": "text", "text": " and " + QUESTION}]}])
         expected = processor.tokenizer.decode(reference_greedy(reference, images[1:], 12))
         assert said.content[0].text and expected.startswith(said.content[0].text)
+        response = gpt.responses.create(model=model_id, max_output_tokens=12, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "look "}, {"type": "input_image", "image_url": data},
+            {"type": "input_text", "text": " and " + QUESTION}]}])  # the Responses API's input_image part
+        expected = processor.tokenizer.decode(reference_greedy(reference, images[:1], 12))
+        assert response.output_text and expected.startswith(response.output_text)
         remote = RemoteEngine(url, KEY).generate(chat(images[1:]), max_tokens=12)  # `chat --server`'s engine
         assert remote.tokens == reference_greedy(reference, images[1:], 12)[:len(remote.tokens)]
         with pytest.raises(openai.BadRequestError, match="remote image URLs are not fetched"):

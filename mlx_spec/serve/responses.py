@@ -98,7 +98,7 @@ def input_messages(given) -> list[dict]:
             if item.get("role") not in ROLES:
                 raise APIError(400, f"an input message's role must be one of {', '.join(ROLES)}, got "
                                     f"{item.get('role')!r}", "input")
-            messages.append({"role": ROLES[item["role"]], "content": text_of(item.get("content"))})
+            messages.append({"role": ROLES[item["role"]], "content": content_of(item.get("content"))})
         elif kind == "function_call":
             if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
                 raise APIError(400, "a function_call item needs its 'call_id', 'name' and 'arguments'", "input")
@@ -116,6 +116,17 @@ def input_messages(given) -> list[dict]:
             raise APIError(400, f"input items of type {kind!r} are not supported: send message, function_call or "
                                 "function_call_output items", "input")
     return messages
+
+
+def content_of(content) -> str | list[dict]:
+    """A message's content as a chat's: its text, or (input_image parts among its parts) a list of text and
+    image_url parts, in order."""
+    if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") == "input_image"
+                                                for p in content):
+        return text_of(content)
+    return [{"type": "image_url", "image_url": {"url": p.get("image_url")}}
+            if isinstance(p, dict) and p.get("type") == "input_image" else {"type": "text", "text": text_of([p])}
+            for p in content]
 
 
 def text_of(content) -> str:
