@@ -130,6 +130,8 @@ def build_bases(root: Path, tokenizers: dict[str, Path], progress: Callable[[str
         "tokenizer-vision": lambda out: build_vision_tokenizer(out),
         "qwen3_5-vision": lambda out: build_qwen3_5_vision(out, paths["tokenizer-vision"]),
         "qwen3_5-vision-draft": lambda out: build_layer_skip_draft(out, paths["qwen3_5-vision"], keep_layers=4),
+        "qwen3_5_moe-vision": lambda out: build_qwen3_5_vision(out, paths["tokenizer-vision"], layers=4,
+                                                               family="qwen3_5_moe"),
         "tokenizer-tools": lambda out: build_tool_tokenizer(out, tok),  # Qwen2.5's tool tokens and template
         "qwen3-tools-base": lambda out: build_tool_base(out, paths["tokenizer-tools"]),
     }

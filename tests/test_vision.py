@@ -383,3 +383,15 @@ def test_images_for_a_vision_model_not_read_yet_are_refused(tiny, images, tmp_pa
     engine = mlx_spec.load(str(folder), drafter="off")
     with pytest.raises(SpecError, match="images are not supported for .* checkpoints yet: Qwen 3.5 / 3.6 read"):
         mlx_spec.generate(engine, chat(images[:1]), max_tokens=4)
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "ngram"])
+def test_the_moe_family_reads_images_as_mlx_vlm_does(tiny, images, drafter):
+    """Qwen 3.5 MoE with its vision tower: greedy speculative output after two images is mlx-vlm's plain greedy
+    generation of its own MoE model."""
+    from mlx_vlm import load
+
+    moe = load(str(tiny["qwen3_5_moe-vision"]))
+    engine = mlx_spec.load(str(tiny["qwen3_5_moe-vision"]), drafter=drafter, draft_len=3)
+    result = mlx_spec.generate(engine, chat(images), max_tokens=24)
+    assert result.tokens == reference_greedy(moe, images, 24)[:len(result.tokens)] and result.stats.drafted > 0

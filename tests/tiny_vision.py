@@ -1,4 +1,4 @@
-"""Tiny vision-language checkpoints in the published Hugging Face layout: Qwen 3.5 with its vision tower
+"""Tiny vision-language checkpoints in the published Hugging Face layout: Qwen 3.5 (dense and MoE) with its vision tower
 (`model.visual.*`), its MTP layer and its processor's files, random weights drawn to the shapes of mlx-vlm's own
 vision classes; and a few small images written as PNG files."""
 
@@ -38,15 +38,16 @@ def build_vision_tokenizer(out_dir: str | Path) -> Path:
     return build_tokenizer(out_dir, special_tokens=SPECIAL_TOKENS + VISION_TOKENS, chat_template=VISION_TEMPLATE)
 
 
-def vision_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+def vision_shapes(family: str, config: dict) -> dict[str, tuple[int, ...]]:
     """The vision tower's tensors under their published names (`model.visual.*`), shaped as mlx-vlm's classes
     hold them, the patch embedding in PyTorch's (out, in, t, p, p) order."""
-    from mlx.utils import tree_flatten
-    from mlx_vlm.models.qwen3_5.config import VisionConfig
-    from mlx_vlm.models.qwen3_5.vision import VisionModel
+    import importlib
 
+    from mlx.utils import tree_flatten
+
+    package = importlib.import_module(f"mlx_vlm.models.{family}")
     shapes = {}
-    for name, value in tree_flatten(VisionModel(VisionConfig.from_dict(config)).parameters()):
+    for name, value in tree_flatten(package.VisionModel(package.VisionConfig.from_dict(config)).parameters()):
         shape = tuple(value.shape)
         if name == "patch_embed.proj.weight":
             shape = (shape[0], shape[4], shape[1], shape[2], shape[3])
@@ -54,22 +55,24 @@ def vision_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def build_qwen3_5_vision(out_dir: str | Path, tokenizer_dir: str | Path, layers: int = 8, seed: int = 11) -> Path:
-    """Qwen 3.5 (dense) with a vision tower: M-RoPE over sections (3, 3, 2) of its 8 rotary frequencies, so the
-    temporal, height and width positions all turn some of them, fast ones among them (a small rope_theta)."""
+def build_qwen3_5_vision(out_dir: str | Path, tokenizer_dir: str | Path, layers: int = 8, seed: int = 11,
+                         family: str = "qwen3_5") -> Path:
+    """Qwen 3.5 (dense, or `family` qwen3_5_moe) with a vision tower: M-RoPE over sections (3, 3, 2) of its 8
+    rotary frequencies, so the temporal, height and width positions all turn some of them, fast ones among them
+    (a small rope_theta)."""
     tokenizer_dir = Path(tokenizer_dir)
     vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
-    cfg = qwen3_5_config("qwen3_5", len(vocab), 64, layers)
+    cfg = qwen3_5_config(family, len(vocab), 64, layers)
     cfg["text_config"].update(head_dim=32)
     cfg["text_config"]["rope_parameters"].update(mrope_section=[3, 3, 2], partial_rotary_factor=0.5, rope_theta=100.0)
-    cfg["vision_config"] = {"model_type": "qwen3_5", "out_hidden_size": 64, **VISION}
+    cfg["vision_config"] = {"model_type": family, "out_hidden_size": 64, **VISION}
     cfg.update({name: vocab[token] for name, token in [
         ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]})
-    shapes = qwen3_5_shapes("qwen3_5", cfg)
+    shapes = qwen3_5_shapes(family, cfg)
     weights = qwen3_5_weights(shapes, seed)
     rng = np.random.default_rng(seed + 1)
-    for name, shape in vision_shapes(cfg["vision_config"]).items():
+    for name, shape in vision_shapes(family, cfg["vision_config"]).items():
         if len(shape) == 1:
             w = (1.0 if "norm" in name and name.endswith("weight") else 0.0) + 0.1 * rng.standard_normal(shape)
         else:
