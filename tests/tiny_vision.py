@@ -1,6 +1,6 @@
-"""Tiny vision-language checkpoints in the published Hugging Face layout: Qwen 3.5 (dense and MoE) with its vision tower
-(`model.visual.*`), its MTP layer and its processor's files, random weights drawn to the shapes of mlx-vlm's own
-vision classes; and a few small images written as PNG files."""
+"""Tiny vision-language checkpoints in the published Hugging Face layout: Qwen 3.5 (dense and MoE) with its
+vision tower (`model.visual.*`), its MTP layer and its processor's files, random weights drawn to the shapes of
+mlx-vlm's own vision classes; and a few small images written as PNG files."""
 
 from __future__ import annotations
 
