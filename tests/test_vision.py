@@ -232,8 +232,8 @@ def test_the_server_answers_images_from_the_official_clients(tiny, reference, im
         model, processor = reference
         model_id = str(tiny["qwen3_5-vision"])
         with ThreadPoolExecutor(2) as pool:
-            answers = [pool.submit(gpt.chat.completions.create, model=model_id, messages=[{"role": "user", "content": c}],
-                                   max_tokens=12, temperature=0) for c in (parts, QUESTION)]
+            answers = [pool.submit(gpt.chat.completions.create, model=model_id, max_tokens=12, temperature=0,
+                                   messages=[{"role": "user", "content": c}]) for c in (parts, QUESTION)]
             answer, text_answer = [a.result() for a in answers]
         expected = processor.tokenizer.decode(reference_greedy(reference, images, 12))
         assert expected.startswith(answer.choices[0].message.content) and answer.choices[0].message.content
