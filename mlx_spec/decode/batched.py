@@ -146,8 +146,7 @@ class BatchedDecoder:
                 staying = [i for i, row in enumerate(rows) if not row.stop_reason]
                 for i, row in enumerate(rows):
                     if row.stop_reason:
-                        if not row.job.images:  # an image's tokens are not its own: no other prompt has them
-                            self._store(batch, i, row.context)
+                        self._store(batch, i, row, row.context)
                         yield from ((row.key, event) for event in row.finish())
                 self.loop.select(staying)
                 rows = [rows[i] for i in staying]
@@ -165,13 +164,13 @@ class BatchedDecoder:
                 sharing = len(rows) + len(joining)
                 row.ready = self.loop.policy_for(sharing).drafts_at(sharing) if pin is None else pin > 0
                 row.read_hidden = self.read_hidden if row.ready else None
-                row.prefill = None if row.job.images else self._cached(row)
+                row.prefill = self._cached(row)
         if not rows and not batch.recurrent:
             for group in together([row for row in waiting if row.read_hidden is None and row.prefill is None
                                    and len(row.job.prompt) <= PREFILL_CHUNK and not row.job.images]):
                 prefilled = RaggedBatch.prefilled(self.model, [row.job.prompt[:-1] for row in group], **self.kv)
                 for i, row in enumerate(group):
-                    self._store(prefilled, i, row.job.prompt[:-1], prompt=True)
+                    self._store(prefilled, i, row, row.job.prompt[:-1], prompt=True)
                 batch.join(prefilled)
                 for row in group:
                     joining.remove(row)
@@ -186,14 +185,16 @@ class BatchedDecoder:
             return
         for row in [row for row in joining if row.prefilled]:
             joining.remove(row)
-            if not row.job.images:
-                self._store(row.prefill, 0, row.job.prompt[:-1], prompt=True)
+            self._store(row.prefill, 0, row, row.job.prompt[:-1], prompt=True)
             batch.join(row.prefill)
             self._joined(drafters, rows, row, mx.concatenate(row.prefill.hidden) if row.prefill.hidden else None)
             row.prefill = None
 
     def _cached(self, row: Row) -> RaggedBatch | None:
-        """A one-row batch holding the start of `row`'s prompt that the prompt cache serves (None: none does)."""
+        """A one-row batch holding the start of `row`'s prompt that the prompt cache serves (None: none does, and
+        none serves a prompt with images: see `_store`)."""
+        if row.job.images:
+            return None
         reads = self.read_hidden and row.read_hidden and not self.drafters.resumes  # hidden states it must run
         tail = self.hidden_tail if reads else 0
         found = self.prefixes and self.prefixes.find(row.job.prompt[:-1], tail)
@@ -202,10 +203,11 @@ class BatchedDecoder:
         layers, row.stats.reused_prompt_tokens, row.drafter_held = found
         return RaggedBatch.holding(self.model, layers, found[1], **self.kv)
 
-    def _store(self, batch: RaggedBatch, index: int, tokens: list[int], prompt: bool = False) -> None:
-        """Keep what row `index` of `batch` holds (of `tokens`) in the prompt cache; `prompt`: a prompt just
-        prefilled, kept where the target's cache cannot be cut back (a point the next turn may reuse)."""
-        if self.prefixes and tokens and (not prompt or not self.prefixes.target.cuttable):
+    def _store(self, batch: RaggedBatch, index: int, row: Row, tokens: list[int], prompt: bool = False) -> None:
+        """Keep what row `index` of `batch` (`row`) holds (of `tokens`) in the prompt cache; `prompt`: a prompt just
+        prefilled, kept where the target's cache cannot be cut back (a point the next turn may reuse). A row with
+        images is not kept: its image tokens are placeholders, the same for every image of that size."""
+        if self.prefixes and tokens and not row.job.images and (not prompt or not self.prefixes.target.cuttable):
             held = self.drafters.row_state(index, tokens) if not prompt and self.drafters else None
             self.prefixes.store(tokens[:int(batch.offsets[index])], batch.row_positions(index), held)
 

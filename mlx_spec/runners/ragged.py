@@ -187,10 +187,8 @@ class RaggedBatch:
             if images is None:
                 self.forward(piece[None], [end - done])
             else:
-                compat.positioned_ropes(self.model)
-                with compat.positions(images.frame(done, end), images.sections):
-                    self.forward(piece[None], [end - done],
-                                 embeddings=images.embeddings(compat.input_embedding(self.model), piece, done)[None])
+                with images.placed(self.model, piece, done) as embeddings:
+                    self.forward(piece[None], [end - done], embeddings=embeddings[None])
             self.hidden += [read_hidden()[0]] if read_hidden and done >= tail else []
             mx.eval([c.state for c in self.layers], self.hidden[-1:])
         return end >= len(tokens)

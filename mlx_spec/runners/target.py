@@ -247,10 +247,9 @@ class Target:
     def forward_images(self, tokens: list[int], start: int, end: int, images: Images) -> Step:
         """`forward` over prompt positions start..end - 1 of a prompt with images: image tokens at their
         embeddings, every position at its multimodal rotary position (shifted: see runners/vision.py)."""
-        compat.positioned_ropes(self.model)
         piece = mx.array(tokens[start:end], dtype=mx.int32)
-        with compat.positions(images.frame(start, end), images.sections):
-            return self.forward(piece, embeddings=images.embeddings(compat.input_embedding(self.model), piece, start))
+        with images.placed(self.model, piece, start) as embeddings:
+            return self.forward(piece, embeddings=embeddings)
 
     def keep(self, block: int, kept: list[int]) -> None:
         """Of the last `block` positions keep those at `kept` (ascending indices into the block), in order:

@@ -8,6 +8,7 @@ every drafter, cache type and round works unchanged (rotary attention sees only 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 from dataclasses import dataclass, replace
@@ -65,6 +66,14 @@ class Images:
         """The positions the images saved: each takes the largest side of its grid, not one per token."""
         return self.positions.shape[1] - int(self.positions.max()) - 1
 
+    @contextlib.contextmanager
+    def placed(self, model, piece: mx.array, start: int):
+        """Within: `model`'s rotary embeddings put prompt positions start..start + len(piece) - 1 at their shifted
+        multimodal positions (`frame`); yields the piece's input embeddings (`embeddings`)."""
+        compat.positioned_ropes(model)
+        with compat.positions(self.frame(start, start + piece.shape[0]), self.sections):
+            yield self.embeddings(compat.input_embedding(model), piece, start)
+
     def frame(self, start: int, end: int) -> mx.array:
         """(3, end - start): the positions of prompt positions start..end - 1 shifted by what the images saved,
         so that the position after the prompt is its length (the cache's offset) on every axis."""
@@ -105,19 +114,14 @@ def rope_positions(ids: list[int], token: int, grids: list[list[int]], merge: in
 
 
 def frequency_axes(text_config: dict) -> np.ndarray:
-    """The axis (0 temporal, 1 height, 2 width) that turns each rotary frequency: Qwen3-VL's interleaved layout
-    (t h w t h w ...) or Qwen2-VL's sections one after another."""
-    rope = text_config.get("rope_parameters") or text_config.get("rope_scaling") or {}
+    """The axis (0 temporal, 1 height, 2 width) that turns each rotary frequency, in Qwen 3.5's interleaved
+    layout (t h w t h w ..., each axis for as many frequencies as its section)."""
+    rope = text_config["rope_parameters"]
     sections = rope["mrope_section"]
     rotary = int(text_config.get("head_dim") or text_config["hidden_size"] // text_config["num_attention_heads"])
-    rotary = int(rotary * rope.get("partial_rotary_factor", text_config.get("partial_rotary_factor", 1.0)))
-    axes = np.zeros(rotary // 2, dtype=np.int32)
-    if rope.get("mrope_interleaved"):
-        for axis in (1, 2):
-            axes[axis:min(3 * sections[axis], len(axes)):3] = axis
-    else:
-        axes[sections[0]:sections[0] + sections[1]] = 1
-        axes[sections[0] + sections[1]:sum(sections)] = 2
+    axes = np.zeros(int(rotary * rope.get("partial_rotary_factor", 1.0)) // 2, dtype=np.int32)
+    for axis in (1, 2):
+        axes[axis:min(3 * sections[axis], len(axes)):3] = axis
     return axes
 
 
@@ -141,7 +145,7 @@ class Vision:
         if self.tower is None:
             rope = (self.config.get("text_config") or {}).get("rope_parameters") or {}
             if self.config.get("model_type") not in READS or "image_token_id" not in self.config \
-                    or "mrope_section" not in rope:
+                    or "mrope_section" not in rope or not rope.get("mrope_interleaved"):
                 raise SpecError(f"images are not supported for {self.config.get('model_type')} checkpoints yet: "
                                 f"{READS_SAID} read them (see docs/images.md)")
             vision.check()
