@@ -4,7 +4,8 @@ the run). Every mutant must make them fail. They cover verification (dense-q and
 sampling and penalties, rollback (sliding windows, trees, quantized KV, Gated DeltaNet states), the draft model's
 cache alone and in a batch, the drafting helpers, n-gram, suffix and lookahead drafting, MTP and nextn layers,
 Medusa, EAGLE-3 and Gemma 4 drafters, block drafters (alone, in a batch) and their training, ragged batches
-(per-row keys, rows joining), the prompt cache (drafter state taken back), the draft-length policy's off state and its stops where a draft model is unsure, images' positions,
+(per-row keys, rows joining), the prompt cache (drafter state taken back), the draft-length policy's off state and its stops where a draft model is unsure, images' positions
+and Gemma 4's whole images,
 request parsing, convert, constrained output and its forced drafts, predicted outputs, distributed batches and
 the Responses API.
 
@@ -332,6 +333,33 @@ MUTANTS = [
     Mutant("a cache holding one image serves a prompt showing another", "mlx_spec/runners/vision.py",
            "    return held[:common_prefix(mine, theirs)]", "    return held[:common_prefix(held, tokens)]",
            ("tests/test_vision.py::test_a_returning_turn_with_the_same_image_reuses_its_prefix",)),
+    Mutant("Gemma 4 reads an image's tokens causally", "mlx_spec/runners/vision.py",
+           "        if not self.whole:\n            return None", "        if True:\n            return None",
+           ("tests/test_vision_gemma4.py::test_a_gemma4_image_prompt_scores_as_mlx_vlms_model_does",)),
+    Mutant("a prefill piece ends inside an image read whole", "mlx_spec/runners/vision.py",
+           "        if not self.whole or end >= len(self.prompt)", "        if True or end >= len(self.prompt)",
+           ("tests/test_vision_gemma4.py::test_a_gemma4_image_prompt_scores_as_mlx_vlms_model_does",
+            "tests/test_vision_gemma4.py::test_gemma4_image_rows_in_a_batch_decode_as_each_does_alone")),
+    Mutant("an image's tokens see one another only within the sliding window", "mlx_spec/seams/caches.py",
+           "new if self.beyond is None else new | self.beyond", "new",
+           ("tests/test_vision_gemma4.py::test_a_gemma4_image_prompt_scores_as_mlx_vlms_model_does",)),
+    Mutant("a batch row's image tokens see one another only within the sliding window", "mlx_spec/runners/ragged.py",
+           "                recent[:, :, self.columns:] |= self.seen", "                pass",
+           ("tests/test_vision_gemma4.py::test_gemma4_image_rows_in_a_batch_decode_as_each_does_alone",)),
+    Mutant("Gemma 4's image features are scaled again by its embedding scale", "mlx_spec/runners/vision.py",
+           "            features = features / scale", "            features = features",
+           ("tests/test_vision_gemma4.py::test_a_gemma4_image_prompt_scores_as_mlx_vlms_model_does",)),
+    Mutant("Gemma 4's per-layer embeddings read the image token", "mlx_spec/runners/vision.py",
+           "mx.where(piece == self.token, self.layer_token, piece)", "piece",
+           ("tests/test_vision_gemma4.py::test_a_gemma4_image_prompt_scores_as_mlx_vlms_model_does",)),
+    Mutant("a prefill piece that starts before the hidden-state tail gives none of its states",
+           "mlx_spec/runners/target.py", "states += [step.hidden[max(tail - start, 0):]] if read and end > tail else []",
+           "states += [step.hidden] if read and start >= tail else []",
+           ("tests/test_vision_gemma4.py::test_hidden_states_from_inside_an_image_read_whole",)),
+    Mutant("a batch row's prefill piece that starts before the hidden-state tail gives all its states",
+           "mlx_spec/runners/ragged.py", "self.hidden += [read_hidden()[0][max(tail - done, 0):]]",
+           "self.hidden += [read_hidden()[0]]",
+           ("tests/test_vision_gemma4.py::test_hidden_states_from_inside_an_image_read_whole",)),
 ]
 
 

@@ -24,3 +24,12 @@ def tiny(tmp_path_factory, pytestconfig):
             with capture.global_and_fixture_disabled():
                 reporter.write_line(f"tiny checkpoints: {line}")
     return build_suite(tmp_path_factory.mktemp("tiny"), progress)
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory):
+    """Two PNG images of different shapes (test_vision*.py): their patch grids differ in height and width."""
+    from tiny_vision import write_image
+
+    folder = tmp_path_factory.mktemp("images")
+    return [str(write_image(folder / "wide.png", 64, 48, 0)), str(write_image(folder / "tall.png", 40, 72, 1))]

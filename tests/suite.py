@@ -36,7 +36,8 @@ from tiny_heads import build_eagle3, build_medusa, build_mtp_head
 from tiny_mtp import with_fitted_mtp
 from tiny_nextn import NEXTN_FAMILIES, build_nextn_checkpoint, train_nextn, with_trained_nextn
 from tiny_tools import build_tool_base, build_tool_tokenizer, train_tool_model
-from tiny_vision import build_qwen3_5_vision, build_vision_tokenizer
+from tiny_vision import build_gemma4_vision, build_gemma4_vision_tokenizer, build_qwen3_5_vision, \
+    build_vision_tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MANIFEST = FIXTURES / "manifest.json"
@@ -132,6 +133,11 @@ def build_bases(root: Path, tokenizers: dict[str, Path], progress: Callable[[str
         "qwen3_5-vision-draft": lambda out: build_layer_skip_draft(out, paths["qwen3_5-vision"], keep_layers=4),
         "qwen3_5_moe-vision": lambda out: build_qwen3_5_vision(out, paths["tokenizer-vision"], layers=4,
                                                                family="qwen3_5_moe"),
+        # Gemma 4 with its vision tower, reading each image whole; its assistant and a layer-skip draft
+        "tokenizer-gemma4-vision": lambda out: build_gemma4_vision_tokenizer(out),
+        "gemma4-vision": lambda out: build_gemma4_vision(out, paths["tokenizer-gemma4-vision"]),
+        "gemma4-vision-assistant": lambda out: build_gemma4_assistant(out, paths["gemma4-vision"]),
+        "gemma4-vision-draft": lambda out: build_layer_skip_draft(out, paths["gemma4-vision"], keep_layers=4),
         "tokenizer-tools": lambda out: build_tool_tokenizer(out, tok),  # Qwen2.5's tool tokens and template
         "qwen3-tools-base": lambda out: build_tool_base(out, paths["tokenizer-tools"]),
     }

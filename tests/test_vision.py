@@ -19,13 +19,6 @@ from mlx_spec.seams.errors import SpecError
 QUESTION = "def f(x):\n    return"
 
 
-@pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    """Two images of different shapes: their patch grids differ in height and width."""
-    folder = tmp_path_factory.mktemp("images")
-    return [str(write_image(folder / "wide.png", 64, 48, 0)), str(write_image(folder / "tall.png", 40, 72, 1))]
-
-
 def chat(images: list[str], with_sources: bool = True) -> list[dict]:
     parts = [{"type": "text", "text": "look "}]
     for path in images:
@@ -374,14 +367,19 @@ def test_batch_lines_carry_images(tiny, reference, images, tmp_path):
 
 
 def test_images_for_a_vision_model_not_read_yet_are_refused(tiny, images, tmp_path):
-    """A vision-language checkpoint of a family mlx-spec does not read images for yet (Gemma 4's layout) gets a
-    one-line error naming the family and the ones that work."""
-    folder = tmp_path / "gemma4-vl"
-    shutil.copytree(tiny["gemma4"], folder)
+    """A vision-language checkpoint of a family mlx-spec does not read images for yet (a Qwen3 with a vision
+    config) gets a one-line error naming the family and the ones that work; a Gemma 4 whose config names no
+    image token (the text fixture's), one saying so."""
+    folder = tmp_path / "qwen3-vl"
+    shutil.copytree(tiny["qwen3"], folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "vision_config": {"model_type": "gemma4_vision"}}))
+    (folder / "config.json").write_text(json.dumps({**config, "vision_config": {"model_type": "qwen3_vl"}}))
     engine = mlx_spec.load(str(folder), drafter="off")
-    with pytest.raises(SpecError, match="images are not supported for .* checkpoints yet: Qwen 3.5 / 3.6 read"):
+    with pytest.raises(SpecError, match="images are not supported for qwen3 checkpoints yet: Qwen 3.5 / 3.6 and "
+                                        "Gemma 4 read"):
+        mlx_spec.generate(engine, chat(images[:1]), max_tokens=4)
+    engine = mlx_spec.load(str(tiny["gemma4"]), drafter="off")
+    with pytest.raises(SpecError, match="config.json names no image_token_id .*: use the original checkpoint"):
         mlx_spec.generate(engine, chat(images[:1]), max_tokens=4)
 
 

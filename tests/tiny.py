@@ -355,6 +355,15 @@ def build_layer_skip_draft(out_dir: str | Path, target_dir: str | Path, keep_lay
             continue
         weights[name] = (w + noise * rng.standard_normal(w.shape) * w.std()).astype(np.float32)
     text = cfg.get("text_config", cfg)
+    if text.get("hidden_size_per_layer_input"):  # Gemma 4: a slice of the per-layer embeddings for each layer
+        width, first_shared = keep_layers * text["hidden_size_per_layer_input"], \
+            text["num_hidden_layers"] - text["num_kv_shared_layers"]
+        for name in list(weights):
+            if name.endswith("embed_tokens_per_layer.weight"):
+                weights[name] = np.ascontiguousarray(weights[name][:, :width])
+            elif name.endswith("per_layer_model_projection.weight"):
+                weights[name] = np.ascontiguousarray(weights[name][:width])
+        text["num_kv_shared_layers"] = max(0, keep_layers - first_shared)
     text["num_hidden_layers"] = keep_layers
     if "layer_types" in text:
         text["layer_types"] = text["layer_types"][:keep_layers]

@@ -1,6 +1,7 @@
 """Tiny vision-language checkpoints in the published Hugging Face layout: Qwen 3.5 (dense and MoE) with its
-vision tower (`model.visual.*`), its MTP layer and its processor's files, random weights drawn to the shapes of
-mlx-vlm's own vision classes; and a few small images written as PNG files."""
+vision tower (`model.visual.*`), its MTP layer and its processor's files; Gemma 4 (E2B-shaped) with its vision
+tower and projection (`model.vision_tower.*`, `model.embed_vision.*`), reading images whole; random weights drawn
+to the shapes of mlx-vlm's own vision classes; and a few small images written as PNG files."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tiny import (
     qwen3_5_weights,
     write_checkpoint,
 )
+from tiny_gemma4 import gemma4_config, gemma4_shapes, gemma4_weights
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # Qwen 3.5's template for content parts: an image part is its placeholder, which the processor expands
@@ -34,25 +36,73 @@ PROCESSOR = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image
              "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor"}
 
 
+# Gemma 4's turn markers and image tokens (begin, end, the placeholder its processor repeats), and a template
+# for content parts in its form: an image part is the placeholder
+GEMMA4_TOKENS = ["<start_of_turn>", "<end_of_turn>", "<|image>", "<image|>", "<|image|>"]
+GEMMA4_TEMPLATE = (
+    "{% for message in messages %}<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|image|>{% else %}{{ part['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+# a tower of 2 layers over 8-pixel patches pooled 2 x 2: at most 16 image tokens an image
+GEMMA4_VISION = {"model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 16,
+                 "patch_size": 8, "position_embedding_size": 64, "pooling_kernel_size": 2,
+                 "default_output_length": 16, "rms_norm_eps": 1e-6}
+GEMMA4_PROCESSOR = {"image_processor": {"patch_size": 8, "max_soft_tokens": 16, "pooling_kernel_size": 2},
+                    "processor_class": "Gemma4Processor"}
+
+
 def build_vision_tokenizer(out_dir: str | Path) -> Path:
     return build_tokenizer(out_dir, special_tokens=SPECIAL_TOKENS + VISION_TOKENS, chat_template=VISION_TEMPLATE)
 
 
+def build_gemma4_vision_tokenizer(out_dir: str | Path) -> Path:
+    """A tokenizer with Gemma 4's image tokens, named where its processor looks for them."""
+    out = build_tokenizer(out_dir, special_tokens=SPECIAL_TOKENS + GEMMA4_TOKENS, chat_template=GEMMA4_TEMPLATE)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config["extra_special_tokens"] = {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
 def vision_shapes(family: str, config: dict) -> dict[str, tuple[int, ...]]:
-    """The vision tower's tensors under their published names (`model.visual.*`), shaped as mlx-vlm's classes
-    hold them, the patch embedding in PyTorch's (out, in, t, p, p) order."""
+    """The image encoder's tensors under their published names (`model.visual.*`; Gemma 4's
+    `model.vision_tower.*` and `model.embed_vision.*`), shaped as mlx-vlm's classes hold them, Qwen's patch
+    embedding in PyTorch's (out, in, t, p, p) order."""
     import importlib
 
     from mlx.utils import tree_flatten
 
     package = importlib.import_module(f"mlx_vlm.models.{family}")
+    vision = package.VisionConfig.from_dict(config["vision_config"])
+    modules = {"model.vision_tower." if family == "gemma4" else "model.visual.": package.VisionModel(vision)}
+    if family == "gemma4":
+        from mlx_vlm.models.gemma4.gemma4 import MultimodalEmbedder
+
+        modules["model.embed_vision."] = MultimodalEmbedder(vision.hidden_size, config["text_config"]["hidden_size"])
     shapes = {}
-    for name, value in tree_flatten(package.VisionModel(package.VisionConfig.from_dict(config)).parameters()):
-        shape = tuple(value.shape)
-        if name == "patch_embed.proj.weight":
-            shape = (shape[0], shape[4], shape[1], shape[2], shape[3])
-        shapes["model.visual." + name] = shape
+    for prefix, module in modules.items():
+        for name, value in tree_flatten(module.parameters()):
+            shape = tuple(value.shape)
+            if name == "patch_embed.proj.weight":
+                shape = (shape[0], shape[4], shape[1], shape[2], shape[3])
+            shapes[prefix + name] = shape
     return shapes
+
+
+def vision_weights(family: str, config: dict, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in vision_shapes(family, config).items():
+        if len(shape) == 1:
+            w = (1.0 if "norm" in name and name.endswith("weight") else 0.0) + 0.1 * rng.standard_normal(shape)
+        else:
+            w = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
+        weights[name] = w.astype(np.float32)
+    return weights
 
 
 def build_qwen3_5_vision(out_dir: str | Path, tokenizer_dir: str | Path, layers: int = 8, seed: int = 11,
@@ -69,17 +119,28 @@ def build_qwen3_5_vision(out_dir: str | Path, tokenizer_dir: str | Path, layers:
     cfg.update({name: vocab[token] for name, token in [
         ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]})
-    shapes = qwen3_5_shapes(family, cfg)
-    weights = qwen3_5_weights(shapes, seed)
-    rng = np.random.default_rng(seed + 1)
-    for name, shape in vision_shapes(family, cfg["vision_config"]).items():
-        if len(shape) == 1:
-            w = (1.0 if "norm" in name and name.endswith("weight") else 0.0) + 0.1 * rng.standard_normal(shape)
-        else:
-            w = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
-        weights[name] = w.astype(np.float32)
+    weights = {**qwen3_5_weights(qwen3_5_shapes(family, cfg), seed), **vision_weights(family, cfg, seed + 1)}
     out = write_checkpoint(Path(out_dir), cfg, weights, tokenizer_dir)
     (out / "preprocessor_config.json").write_text(json.dumps(PROCESSOR, indent=2))
+    return out
+
+
+def build_gemma4_vision(out_dir: str | Path, tokenizer_dir: str | Path, seed: int = 13) -> Path:
+    """Gemma 4 (E2B-shaped: per-layer embeddings, KV-shared layers) with its vision tower and projection, reading
+    each image's tokens all at once (`use_bidirectional_attention: "vision"`); its sliding window (8) is shorter
+    than an image. Its token embedding is a fifth of the text fixture's: the tiny model then changes tokens rather
+    than repeat its last (a Gemma input is the embedding times the square root of the width, and the head is
+    the same embedding)."""
+    tokenizer_dir = Path(tokenizer_dir)
+    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    cfg = gemma4_config(len(vocab), sliding_window=8)
+    cfg["text_config"]["use_bidirectional_attention"] = "vision"
+    cfg["vision_config"] = GEMMA4_VISION
+    cfg.update(image_token_id=vocab["<|image|>"], boi_token_id=vocab["<|image>"], eoi_token_id=vocab["<image|>"])
+    weights = {**gemma4_weights(gemma4_shapes(cfg), seed), **vision_weights("gemma4", cfg, seed + 1)}
+    weights["model.language_model.embed_tokens.weight"] *= 0.2
+    out = write_checkpoint(Path(out_dir), cfg, weights, tokenizer_dir)
+    (out / "processor_config.json").write_text(json.dumps(GEMMA4_PROCESSOR, indent=2))
     return out
 
 

@@ -188,7 +188,7 @@ class Engine:
             sources = image_sources(prompt)
             if sources and self.vision is None:
                 raise SpecError("this model reads text only: images need a vision-language checkpoint (Qwen 3.5 / "
-                                "3.6 with its vision tower); send text parts")
+                                "3.6 or Gemma 4 with its vision tower); send text parts")
             rendered, templated = prompt_text(self.tokenizer, prompt, tools=tools, images=bool(sources))
             said, ids = max(((said, ids) for said, ids in self.conversations if rendered.startswith(said)),
                             key=lambda chat: len(chat[0]), default=("", []))

@@ -120,7 +120,7 @@ class RaggedBatch:
         self.columns = 0  # columns written (valid or not)
         self.capacity = 0  # columns the buffers hold
         self.valid = np.zeros((rows, 0), dtype=bool)  # (B, columns): a row holds its valid columns' positions
-        self.positions = self.mask = None  # set around a forward
+        self.positions = self.mask = self.seen = None  # set around a forward
         self.depths = None  # during a forward: (B, n) each input's position past the last its row holds
         self.hidden: list[mx.array] = []  # what `extend` read of the hidden states, when asked
         self.marked = None  # the columns written when the round began (`mark`)
@@ -183,13 +183,16 @@ class RaggedBatch:
         tail = hidden_from(0, len(tokens), hidden_tail if read_hidden else 0)
         end = next_piece(done, len(tokens), tail)
         if done < len(tokens):
-            piece = mx.array(tokens[done:end], dtype=mx.int32)
             if images is None:
-                self.forward(piece[None], [end - done])
+                self.forward(mx.array(tokens[done:end], dtype=mx.int32)[None], [end - done])
             else:
-                with images.placed(self.model, piece, done) as embeddings:
-                    self.forward(piece[None], [end - done], embeddings=embeddings[None])
-            self.hidden += [read_hidden()[0]] if read_hidden and done >= tail else []
+                end = images.piece_end(done, end)
+                piece = mx.array(tokens[done:end], dtype=mx.int32)
+                with images.placed(self.model, piece, done) as (ids, embeddings):
+                    seen = images.seen(done, end)
+                    self.forward(ids[None], [end - done], embeddings=embeddings[None],
+                                 seen=None if seen is None else seen[None])
+            self.hidden += [read_hidden()[0][max(tail - done, 0):]] if read_hidden and end > tail else []
             mx.eval([c.state for c in self.layers], self.hidden[-1:])
         return end >= len(tokens)
 
@@ -227,12 +230,13 @@ class RaggedBatch:
         self.states = [[0] for _ in range(self.size)] if self.recurrent else None
 
     def forward(self, tokens: mx.array, lengths: list[int], trees: list | None = None,
-                embeddings: mx.array | None = None) -> mx.array:
+                embeddings: mx.array | None = None, seen: np.ndarray | None = None) -> mx.array:
         """Run `tokens` (B, n) after what each row holds (or inputs (B, n, D) of a model that takes vectors): row
         i's first `lengths[i]` inputs are real, the rest padding (never seen by real inputs, masked out after).
         `trees`: per row None (a chain) or (attend, depths): its inputs are a token tree, each seeing what
         `attend` (lengths[i], lengths[i]) says among them, at its position's `depths` past the last it holds
-        (`tree_problem` None). `embeddings` (B, n, H): the tokens' input embeddings, given (a prompt's images).
+        (`tree_problem` None). `embeddings` (B, n, H): the tokens' input embeddings, given (a prompt's images);
+        `seen` (B, n, n): which inputs each also sees, later ones too, whatever its window (an image read whole).
         Returns the model's output, logits (B, n, V); lazy."""
         b, n = tokens.shape[:2]
         if self.states is not None:
@@ -248,8 +252,10 @@ class RaggedBatch:
                 attend, depths = tree
                 mask[row, 0, :len(depths), self.columns:self.columns + len(depths)] = attend
                 self.depths[row, :len(depths)] = depths
+        if seen is not None:
+            mask[:, 0, :, self.columns:] |= seen
         self.mask, self.positions = mx.array(mask), mx.array(self.offsets.astype(np.int32))
-        self._windows = {}
+        self._windows, self.seen = {}, seen
         placed = compat.positions(mx.array(self.offsets[:, None] + self.depths, dtype=mx.int32)) if trees \
             else contextlib.nullcontext()
         try:
@@ -257,7 +263,7 @@ class RaggedBatch:
                 logits = self.model(tokens, cache=self.caches, **({} if embeddings is None else
                                                                   {"input_embeddings": embeddings}))
         finally:
-            self.mask = self.positions = self._windows = None
+            self.mask = self.positions = self._windows = self.seen = None
         if self.states is not None:
             base = len(self.recurrent[0].saved) - 1 - n
             for row, length in enumerate(lengths):
@@ -282,6 +288,8 @@ class RaggedBatch:
             recent = np.ones((self.size, n, self.columns + n), dtype=bool)
             recent[:, :, :self.columns] = queries[:, :, None] - held[:, None, :] < window
             recent[:, :, self.columns:] = self.depths[:, :, None] - self.depths[:, None, :] < window
+            if self.seen is not None:
+                recent[:, :, self.columns:] |= self.seen
             self._windows[window] = self.mask & mx.array(recent[:, None])
         return self._windows[window]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,6 +20,7 @@ from ..seams.caches import (
     make_caches,
     restore,
     rollback,
+    seeing,
     snapshot,
     snapshot_of,
     tree_forward,
@@ -161,16 +163,18 @@ class Target:
         return None
 
     def forward(self, tokens, attend: np.ndarray | None = None, positions: list[int] | None = None,
-                embeddings: mx.array | None = None) -> Step:
+                embeddings: mx.array | None = None, seen: np.ndarray | None = None) -> Step:
         """Run `tokens` (list or 1-D array) through the model after the cached positions; lazy. `embeddings`
-        (n, H): the tokens' input embeddings, given (a prompt's images).
+        (n, H): the tokens' input embeddings, given (a prompt's images); `seen` (n, n): which of them each token
+        also sees, later ones too (an image read whole: `caches.seeing`).
 
         A tree (`tree_problem()` None): `attend` (n, m) says which of the last m positions (cached and new)
         each new token sees, besides everything before them; `positions` (n,) are its tokens' positions."""
         tokens = mx.array(tokens, dtype=mx.int32) if isinstance(tokens, list) else tokens
         self.offset += tokens.shape[0]
         if embeddings is not None:
-            logits = self.model(tokens[None], cache=self.cache, input_embeddings=embeddings[None])[0]
+            with seeing(self.cache, seen) if seen is not None else contextlib.nullcontext():
+                logits = self.model(tokens[None], cache=self.cache, input_embeddings=embeddings[None])[0]
         elif attend is None:
             logits = self.model(tokens[None], cache=self.cache)[0]
         else:
@@ -232,12 +236,13 @@ class Target:
             if images is None:
                 step = self.forward(tokens[start:end])
             else:
+                end = images.piece_end(start, end)
                 step = self.forward_images(tokens, start, end, images)
-            states += [step.hidden] if read and start >= tail else []
+            states += [step.hidden[max(tail - start, 0):]] if read and end > tail else []
             mx.eval([c.state for c in layers_of(self.cache)], states[-1:])
             if absorb and states:
                 absorbed += states[-1].shape[0]
-                absorb(start, states.pop())
+                absorb(max(start, tail), states.pop())
             start = end
         for cache in self.recurrent_caches:
             cache.release()
@@ -245,11 +250,11 @@ class Target:
         return Step(None, mx.concatenate(states) if states else None, keep, absorbed=absorbed)
 
     def forward_images(self, tokens: list[int], start: int, end: int, images: Images) -> Step:
-        """`forward` over prompt positions start..end - 1 of a prompt with images: image tokens at their
-        embeddings, every position at its multimodal rotary position (shifted: see runners/vision.py)."""
+        """`forward` over prompt positions start..end - 1 of a prompt with images, as the model reads them (see
+        runners/vision.py): image tokens at their embeddings, each position at its rotary position."""
         piece = mx.array(tokens[start:end], dtype=mx.int32)
-        with images.placed(self.model, piece, start) as embeddings:
-            return self.forward(piece, embeddings=embeddings)
+        with images.placed(self.model, piece, start) as (ids, embeddings):
+            return self.forward(ids, embeddings=embeddings, seen=images.seen(start, end))
 
     def keep(self, block: int, kept: list[int]) -> None:
         """Of the last `block` positions keep those at `kept` (ascending indices into the block), in order:

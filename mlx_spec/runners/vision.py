@@ -1,9 +1,10 @@
 """Images in a prompt: the checkpoint's processor expands each image's placeholder into the image's tokens, its
-vision tower (mlx-vlm's, through seams/vision.py) turns the image into their embeddings, and the prompt's
-multimodal rotary positions are worked out as Qwen's M-RoPE places them.
+image encoder (mlx-vlm's, through seams/vision.py) turns the images into their embeddings, and the prompt is
+prefilled as the model reads it: Qwen 3.5 / 3.6 at its multimodal rotary positions (M-RoPE), Gemma 4 with each
+image's tokens seeing one another and its per-layer embeddings reading padding there.
 
-Decoding after the prompt stays plain: the prompt is prefilled in a frame shifted by the positions its images
-saved (`Images.positions`), so every position after it is the cache's own offset, as in a text-only prompt, and
+Decoding after the prompt stays plain: a Qwen prompt is prefilled in a frame shifted by the positions its images
+saved (`Images.frame`), so every position after it is the cache's own offset, as in a text-only prompt, and
 every drafter, cache type and round works unchanged (rotary attention sees only position differences)."""
 
 from __future__ import annotations
@@ -23,56 +24,95 @@ from .prompt_cache import common_prefix
 
 
 @dataclass(frozen=True)
+class MRope:
+    """Qwen's multimodal rotary positions: text one past the last position on every axis, an image's tokens its
+    (t, h, w) patch grid."""
+
+    grids: tuple[tuple[int, int, int], ...]  # each image's (t, h, w) patch grid, before merging
+    merge: int  # patches merged into one token along each side
+    sections: mx.array  # (rotary frequencies,): the axis that turns each frequency
+
+
+@dataclass(frozen=True)
 class Images:
     """A prompt's images, ready to prefill."""
 
     prompt: tuple[int, ...]  # the token ids of the prompt they are in, each image's placeholder expanded
     features: mx.array  # (image tokens, hidden): the embeddings of the prompt's image tokens, in order
     token: int  # the id of an image token (the placeholder the processor repeated)
-    grids: tuple[tuple[int, int, int], ...]  # each image's (t, h, w) patch grid, before merging
-    merge: int  # patches merged into one token along each side
-    sections: mx.array  # (rotary frequencies,): the axis that turns each frequency
+    count: int  # how many images
     keys: np.ndarray  # (image tokens,): each image token's stand-in when prompts are compared, from its image's pixels
-
-    @property
-    def count(self) -> int:
-        return len(self.grids)
+    rope: MRope | None = None  # Qwen's multimodal positions; None: positions in a row
+    layer_token: int | None = None  # the id the model's per-layer embeddings read at an image token (Gemma 4's pad)
+    whole: bool = False  # an image's tokens see one another, later ones too (Gemma 4's bidirectional vision)
 
     @functools.cached_property
     def positions(self) -> np.ndarray:
-        """(3, prompt length): each position's temporal, height and width rotary positions."""
-        return rope_positions(list(self.prompt), self.token, self.grids, self.merge)
+        """(3, prompt length): each position's temporal, height and width rotary positions (all three the same
+        without M-RoPE)."""
+        if self.rope is None:
+            return np.tile(np.arange(len(self.prompt)), (3, 1))
+        return rope_positions(list(self.prompt), self.token, self.rope.grids, self.rope.merge)
 
     @functools.cached_property
     def before(self) -> np.ndarray:
         """(prompt length + 1,): how many image tokens come before each position."""
         return np.concatenate([[0], np.cumsum(np.array(self.prompt) == self.token)])
 
+    @functools.cached_property
+    def blocks(self) -> np.ndarray:
+        """(prompt length,): the image each position's token belongs to, -1 for text."""
+        return image_runs(self.prompt, self.token)
+
     def over(self, prompt: list[int]) -> "Images":
         """The same images in another prompt (the same placeholders, other text around them)."""
         return replace(self, prompt=tuple(prompt))
 
-    def embeddings(self, embed, tokens: mx.array, start: int) -> mx.array:
-        """The input embeddings of prompt positions start..start + len(tokens) - 1 (`embed`: the model's token
-        embedding), image tokens taking the features in order."""
+    def embeddings(self, model, tokens: mx.array, start: int) -> mx.array:
+        """The input embeddings of prompt positions start..start + len(tokens) - 1, image tokens taking the
+        features in order, as `model` takes them (before its own scale: see `compat.input_scale`)."""
         is_image = tokens == self.token
         index = mx.clip(mx.cumsum(is_image.astype(mx.int32)) - 1 + int(self.before[start]), 0,
                         self.features.shape[0] - 1)
-        text = embed(tokens)
-        return mx.where(is_image[:, None], self.features[index].astype(text.dtype), text)
+        text = compat.input_embedding(model)(tokens)
+        features = self.features[index].astype(text.dtype)
+        if (scale := compat.input_scale(model)) != 1.0:
+            features = features / scale
+        return mx.where(is_image[:, None], features, text)
 
     @property
     def saved(self) -> int:
-        """The positions the images saved: each takes the largest side of its grid, not one per token."""
+        """The positions the images saved: each takes the largest side of its grid, not one per token (M-RoPE)."""
         return self.positions.shape[1] - int(self.positions.max()) - 1
+
+    def piece_end(self, start: int, end: int) -> int:
+        """Where a prefill piece from `start` meant to end at `end` ends: not inside an image the model reads
+        whole (`whole`), but before it, or after it when the piece starts in it."""
+        if not self.whole or end >= len(self.prompt) or self.blocks[end] < 0 or self.blocks[end - 1] != self.blocks[end]:
+            return end
+        first = int(np.flatnonzero(self.blocks == self.blocks[end])[0])
+        return first if first > start else int(np.flatnonzero(self.blocks == self.blocks[end])[-1]) + 1
+
+    def seen(self, start: int, end: int) -> np.ndarray | None:
+        """(n, n) for prompt positions start..end - 1: which of them each sees beyond causality (the tokens of
+        its own image, when the model reads images whole); None when none."""
+        if not self.whole:
+            return None
+        blocks = self.blocks[start:end]
+        return (blocks[:, None] == blocks[None, :]) & (blocks[:, None] >= 0)
 
     @contextlib.contextmanager
     def placed(self, model, piece: mx.array, start: int):
         """Within: `model`'s rotary embeddings put prompt positions start..start + len(piece) - 1 at their shifted
-        multimodal positions (`frame`); yields the piece's input embeddings (`embeddings`)."""
+        multimodal positions (`frame`, with M-RoPE); yields the ids and the input embeddings the model takes for
+        the piece (`embeddings`; the ids read by its per-layer embeddings, `layer_token` at image tokens)."""
+        ids = piece if self.layer_token is None else mx.where(piece == self.token, self.layer_token, piece)
+        if self.rope is None:
+            yield ids, self.embeddings(model, piece, start)
+            return
         compat.positioned_ropes(model)
-        with compat.positions(self.frame(start, start + piece.shape[0]), self.sections):
-            yield self.embeddings(compat.input_embedding(model), piece, start)
+        with compat.positions(self.frame(start, start + piece.shape[0]), self.rope.sections):
+            yield ids, self.embeddings(model, piece, start)
 
     def frame(self, start: int, end: int) -> mx.array:
         """(3, end - start): the positions of prompt positions start..end - 1 shifted by what the images saved,
@@ -82,10 +122,17 @@ class Images:
     def keyed(self, tokens: list[int]) -> list[int]:
         """`tokens` (the prompt, and what followed it) with each image token of the prompt replaced by its stand-in
         (negative: no token's id), so that prompts showing different images differ where the images do."""
-        keyed, prompt = list(tokens), self.positions.shape[1]
+        keyed, prompt = list(tokens), len(self.prompt)
         for index, at in enumerate(np.flatnonzero(np.array(tokens[:prompt]) == self.token)):
             keyed[at] = int(self.keys[index])
         return keyed
+
+
+def image_runs(ids, token: int) -> np.ndarray:
+    """(len(ids),): which run of consecutive `token`s (an image) each position is in, -1 elsewhere."""
+    is_image = np.array(ids) == token
+    starts = is_image & ~np.concatenate([[False], is_image[:-1]])
+    return np.where(is_image, np.cumsum(starts) - 1, -1)
 
 
 def reusable_prefix(held: list[int], held_images: Images | None, tokens: list[int], images: Images | None) -> list:
@@ -125,8 +172,8 @@ def frequency_axes(text_config: dict) -> np.ndarray:
     return axes
 
 
-READS = ("qwen3_5", "qwen3_5_moe")  # the model types whose images mlx-spec reads
-READS_SAID = "Qwen 3.5 / 3.6"
+READS = ("qwen3_5", "qwen3_5_moe", "gemma4")  # the model types whose images mlx-spec reads
+READS_SAID = "Qwen 3.5 / 3.6 and Gemma 4"
 
 
 class Vision:
@@ -141,15 +188,30 @@ class Vision:
         """The image side of the checkpoint at `path`, None for a text-only one."""
         return Vision(path, config) if "vision_config" in config else None
 
+    @property
+    def text_config(self) -> dict:
+        return self.config.get("text_config", self.config)
+
+    def problem(self) -> str | None:
+        """Why mlx-spec cannot read this checkpoint's images (None when it can)."""
+        model_type = self.config.get("model_type")
+        rope = self.text_config.get("rope_parameters") or {}
+        if model_type not in READS or (model_type != "gemma4" and (
+                "mrope_section" not in rope or not rope.get("mrope_interleaved"))):
+            return f"images are not supported for {model_type} checkpoints yet: {READS_SAID} read them " \
+                   "(see docs/images.md)"
+        if "image_token_id" not in self.config:
+            return f"{self.path}'s config.json names no image_token_id (a text-only conversion?): use the " \
+                   "original checkpoint for images"
+        return None
+
     def load(self) -> None:
         if self.tower is None:
-            rope = (self.config.get("text_config") or {}).get("rope_parameters") or {}
-            if self.config.get("model_type") not in READS or "image_token_id" not in self.config \
-                    or "mrope_section" not in rope or not rope.get("mrope_interleaved"):
-                raise SpecError(f"images are not supported for {self.config.get('model_type')} checkpoints yet: "
-                                f"{READS_SAID} read them (see docs/images.md)")
-            vision.check()
+            if problem := self.problem():
+                raise SpecError(problem)
+            vision.check(self.config["model_type"])
             compat.check_sections()
+            compat.check_input_embeddings()
             self.tower = vision.load_tower(self.path, self.config)
             if self.tower is None:
                 raise SpecError(f"{self.path} declares a vision model but holds no vision weights (a text-only "
@@ -171,18 +233,24 @@ class Vision:
             digest = hashlib.sha256(images[-1].tobytes() + repr(images[-1].size).encode()).digest()
             keys.append(-1 - int.from_bytes(digest[:7], "big"))
         try:
-            ids, pixels, grids = vision.process(self.processor, text, images)
-        except ValueError as e:
-            raise SpecError(f"the model's processor refuses these images ({e}): send one image per image part") \
-                from None
-        features = self.tower(pixels.astype(self.tower.patch_embed.proj.weight.dtype), grids)
-        features = features[0] if isinstance(features, tuple) else features
-        token, merge = self.config["image_token_id"], self.config["vision_config"].get("spatial_merge_size", 2)
-        if sum(t == token for t in ids) != features.shape[0]:
+            ids, inputs = vision.process(self.processor, text, images)
+        except (ValueError, StopIteration) as e:  # Gemma 4's: more placeholders than images
+            raise SpecError(f"the model's processor refuses these images ({e or type(e).__name__}): send one "
+                            "image per image part") from None
+        features = self.tower(inputs)
+        token = self.config["image_token_id"]
+        blocks = image_runs(ids, token)
+        if sum(t == token for t in ids) != features.shape[0] or blocks.max(initial=-1) + 1 != len(images):
             raise SpecError(f"the prompt holds {sum(t == token for t in ids)} image tokens for images of "
                             f"{features.shape[0]}: put one image part per image")
-        grids = tuple(tuple(grid) for grid in grids.tolist())
-        per_image = [t * h * w // merge ** 2 for t, h, w in grids]
-        return ids, Images(tuple(ids), features, token, grids, merge,
-                           mx.array(frequency_axes(self.config.get("text_config", self.config))),
-                           np.repeat(keys, per_image))
+        per_image = np.bincount(blocks[blocks >= 0], minlength=len(images))
+        return ids, Images(tuple(ids), features, token, len(images), np.repeat(keys, per_image), **self.reading(inputs))
+
+    def reading(self, inputs: dict) -> dict:
+        """How the model reads its images (the `Images` fields past the keys), from the processor's `inputs`."""
+        if self.config["model_type"] == "gemma4":
+            return {"layer_token": self.text_config.get("pad_token_id", 0),
+                    "whole": self.text_config.get("use_bidirectional_attention") == "vision"}
+        merge = self.config["vision_config"].get("spatial_merge_size", 2)
+        grids = tuple(tuple(grid) for grid in inputs["image_grid_thw"].tolist())
+        return {"rope": MRope(grids, merge, mx.array(frequency_axes(self.text_config)))}

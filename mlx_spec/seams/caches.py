@@ -44,6 +44,7 @@ class TreeMask:
 
     attend: mx.array | None = None
     depths: mx.array | None = None  # (n,) each new position's depth in the tree, while `attend` is set
+    beyond: mx.array | None = None  # (n, n) what new position i sees of the new ones even beyond its window
 
     def make_mask(self, n: int, *args, **kwargs):
         if self.attend is None:
@@ -65,6 +66,23 @@ def tree_forward(caches: list, attend, token_positions: list[int]):
     finally:
         for cache in layers_of(caches):
             cache.attend = cache.depths = None
+
+
+@contextlib.contextmanager
+def seeing(caches: list, seen):
+    """Within: a forward of n new positions over `caches` (TreeMasks) in which position i also sees the new
+    positions j where seen[i, j] (n, n), later ones too, whatever its window: an image's tokens, which Gemma 4
+    reads all at once."""
+    n = seen.shape[0]
+    seen = mx.array(seen)
+    attend, depths = mx.tril(mx.ones((n, n), dtype=mx.bool_)) | seen, mx.arange(n)
+    for cache in layers_of(caches):
+        cache.attend, cache.depths, cache.beyond = attend, depths, seen
+    try:
+        yield
+    finally:
+        for cache in layers_of(caches):
+            cache.attend = cache.depths = cache.beyond = None
 
 
 def layers_of(caches: list) -> list:
@@ -94,7 +112,8 @@ class TreeRotatingKVCache(TreeMask, RotatingKVCache):
         window, prefix = window_size or self.max_size, min(self.max_size - 1, self.offset)
         depth = self.depths
         cached = mx.arange(prefix)[None, :] > prefix + depth[:, None] - window
-        return mx.concatenate([cached, self.attend & (depth[:, None] - depth[None, :] < window)], axis=1)
+        new = self.attend & (depth[:, None] - depth[None, :] < window)
+        return mx.concatenate([cached, new if self.beyond is None else new | self.beyond], axis=1)
 
 
 class RecurrentCache(ArraysCache):

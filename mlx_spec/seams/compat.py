@@ -9,6 +9,8 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
   `models/qwen3_5.py` reimplement;
 - swapping the class of a model's final norm and GDN layers (`swap_class`), found at `model.model.norm`;
 - the Gemma 4 `DecoderLayer` call `(x, mask, cache, per_layer_input, shared_kv=, offset=) -> (h, kv, offset)`;
+- Gemma 4 given `input_embeddings` beside its ids: it multiplies them by its `embed_scale` (`input_scale`) and reads
+  its per-layer embeddings at the ids (an image's features go in divided by the scale, its ids as padding);
 - `rope_utils.initialize_rope(dims, base, traditional, scaling_config, max_position_embeddings)`, the rotary
   embedding of a block drafter;
 - Llama's and Qwen3's `ModelArgs`, `Attention` (q/k/v projections applied to its input, whatever its width:
@@ -198,6 +200,31 @@ def input_embedding(model):
         return getattr(model, "language_model", model).model.embed_tokens
     except AttributeError:
         raise broken(f"where {type(model).__module__} keeps its embedding (model.model.embed_tokens)") from None
+
+
+def input_scale(model) -> float:
+    """What a language model multiplies the input embeddings it is given by (Gemma 4's `embed_scale`, the square
+    root of its width), 1.0 for one that takes them as they are."""
+    return float(getattr(getattr(model, "language_model", model).model, "embed_scale", 1.0))
+
+
+@functools.cache
+def check_input_embeddings() -> None:
+    """Gemma 4 given input embeddings scales them by `input_scale` and reads its per-layer embeddings at the token
+    ids passed beside them."""
+    args = gemma4_text.ModelArgs.from_dict(dict(
+        model_type="gemma4_text", hidden_size=8, num_hidden_layers=1, intermediate_size=8, num_attention_heads=1,
+        num_key_value_heads=1, head_dim=8, global_head_dim=8, vocab_size=6, vocab_size_per_layer_input=6,
+        hidden_size_per_layer_input=4, num_kv_shared_layers=0, layer_types=["full_attention"], sliding_window=4))
+    model = gemma4_text.Model(args)
+    ids = mx.array([[1, 2, 3]])
+    embeddings = input_embedding(model)(ids)
+    given, scale = model(ids, input_embeddings=embeddings), input_scale(model)
+    other_ids = model(mx.array([[4, 5, 0]]), input_embeddings=embeddings)
+    model.model.embed_scale = 1.0
+    scaled = model(ids, input_embeddings=embeddings * scale)
+    if not mx.allclose(given, scaled, atol=1e-5) or mx.allclose(given, other_ids):
+        raise broken("Gemma 4's input embeddings (scaled by embed_scale, per-layer embeddings read at the ids)")
 
 
 def output_head(model):
