@@ -5,7 +5,7 @@ sampling and penalties, rollback (sliding windows, trees, quantized KV, Gated De
 cache alone and in a batch, the drafting helpers, n-gram, suffix and lookahead drafting, MTP and nextn layers,
 Medusa, EAGLE-3 and Gemma 4 drafters, block drafters (alone, in a batch) and their training, ragged batches
 (per-row keys, rows joining), the prompt cache (drafter state taken back), the draft-length policy's off state and its stops where a draft model is unsure, images' positions
-and Gemma 4's whole images,
+Gemma 4's whole images and Qwen3-VL's deepstack,
 request parsing, convert, constrained output and its forced drafts, predicted outputs, distributed batches and
 the Responses API.
 
@@ -360,6 +360,12 @@ MUTANTS = [
            "mlx_spec/runners/ragged.py", "self.hidden += [read_hidden()[0][max(tail - done, 0):]]",
            "self.hidden += [read_hidden()[0]]",
            ("tests/test_vision_gemma4.py::test_hidden_states_from_inside_an_image_read_whole",)),
+    Mutant("Qwen3-VL's first layers add no deepstack features", "mlx_spec/runners/vision.py",
+           "            if self.deep:", "            if False:",
+           ("tests/test_vision_qwen_vl.py::test_a_qwen_vl_image_prompt_scores_as_mlx_vlms_model_does[qwen3_vl]",)),
+    Mutant("Qwen2.5-VL's M-RoPE sections are read interleaved", "mlx_spec/runners/vision.py",
+           '    if not rope.get("mrope_interleaved"):', "    if False:",
+           ("tests/test_vision_qwen_vl.py::test_a_qwen_vl_image_prompt_scores_as_mlx_vlms_model_does[qwen2_5_vl]",)),
 ]
 
 

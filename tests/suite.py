@@ -36,8 +36,8 @@ from tiny_heads import build_eagle3, build_medusa, build_mtp_head
 from tiny_mtp import with_fitted_mtp
 from tiny_nextn import NEXTN_FAMILIES, build_nextn_checkpoint, train_nextn, with_trained_nextn
 from tiny_tools import build_tool_base, build_tool_tokenizer, train_tool_model
-from tiny_vision import build_gemma4_vision, build_gemma4_vision_tokenizer, build_qwen3_5_vision, \
-    build_vision_tokenizer
+from tiny_vision import QWEN_VL, build_gemma4_vision, build_gemma4_vision_tokenizer, build_qwen3_5_vision, \
+    build_qwen_vl, build_vision_tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MANIFEST = FIXTURES / "manifest.json"
@@ -133,6 +133,10 @@ def build_bases(root: Path, tokenizers: dict[str, Path], progress: Callable[[str
         "qwen3_5-vision-draft": lambda out: build_layer_skip_draft(out, paths["qwen3_5-vision"], keep_layers=4),
         "qwen3_5_moe-vision": lambda out: build_qwen3_5_vision(out, paths["tokenizer-vision"], layers=4,
                                                                family="qwen3_5_moe"),
+        # Qwen3-VL (deepstack) and Qwen2.5-VL (M-RoPE sections in a row), each with a layer-skip draft
+        **{family: lambda out, family=family: build_qwen_vl(out, paths["tokenizer-vision"], family) for family in QWEN_VL},
+        **{f"{family}-draft": lambda out, family=family: build_layer_skip_draft(out, paths[family], keep_layers=2)
+           for family in QWEN_VL},
         # Gemma 4 with its vision tower, reading each image whole; its assistant and a layer-skip draft
         "tokenizer-gemma4-vision": lambda out: build_gemma4_vision_tokenizer(out),
         "gemma4-vision": lambda out: build_gemma4_vision(out, paths["tokenizer-gemma4-vision"]),

@@ -375,8 +375,8 @@ def test_images_for_a_vision_model_not_read_yet_are_refused(tiny, images, tmp_pa
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "vision_config": {"model_type": "qwen3_vl"}}))
     engine = mlx_spec.load(str(folder), drafter="off")
-    with pytest.raises(SpecError, match="images are not supported for qwen3 checkpoints yet: Qwen 3.5 / 3.6 and "
-                                        "Gemma 4 read"):
+    with pytest.raises(SpecError, match="images are not supported for qwen3 checkpoints yet: Qwen 3.5 / 3.6, "
+                                        "Qwen3-VL, Qwen2.5-VL and Gemma 4 read"):
         mlx_spec.generate(engine, chat(images[:1]), max_tokens=4)
     engine = mlx_spec.load(str(tiny["gemma4"]), drafter="off")
     with pytest.raises(SpecError, match="config.json names no image_token_id .*: use the original checkpoint"):

@@ -12,9 +12,12 @@ import numpy as np
 from tiny import (
     SPECIAL_TOKENS,
     build_tokenizer,
+    family_config,
+    family_shapes,
     qwen3_5_config,
     qwen3_5_shapes,
     qwen3_5_weights,
+    random_weights,
     write_checkpoint,
 )
 from tiny_gemma4 import gemma4_config, gemma4_shapes, gemma4_weights
@@ -68,17 +71,17 @@ def build_gemma4_vision_tokenizer(out_dir: str | Path) -> Path:
     return out
 
 
-def vision_shapes(family: str, config: dict) -> dict[str, tuple[int, ...]]:
-    """The image encoder's tensors under their published names (`model.visual.*`; Gemma 4's
-    `model.vision_tower.*` and `model.embed_vision.*`), shaped as mlx-vlm's classes hold them, Qwen's patch
-    embedding in PyTorch's (out, in, t, p, p) order."""
+def vision_shapes(family: str, config: dict, prefix: str = "model.visual.") -> dict[str, tuple[int, ...]]:
+    """The image encoder's tensors under their published names (`prefix`; Gemma 4's `model.vision_tower.*` and
+    `model.embed_vision.*`), shaped as mlx-vlm's classes hold them, Qwen's patch embedding in PyTorch's
+    (out, in, t, p, p) order."""
     import importlib
 
     from mlx.utils import tree_flatten
 
     package = importlib.import_module(f"mlx_vlm.models.{family}")
     vision = package.VisionConfig.from_dict(config["vision_config"])
-    modules = {"model.vision_tower." if family == "gemma4" else "model.visual.": package.VisionModel(vision)}
+    modules = {"model.vision_tower." if family == "gemma4" else prefix: package.VisionModel(vision)}
     if family == "gemma4":
         from mlx_vlm.models.gemma4.gemma4 import MultimodalEmbedder
 
@@ -93,10 +96,10 @@ def vision_shapes(family: str, config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def vision_weights(family: str, config: dict, seed: int) -> dict[str, np.ndarray]:
+def vision_weights(family: str, config: dict, seed: int, prefix: str = "model.visual.") -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     weights = {}
-    for name, shape in vision_shapes(family, config).items():
+    for name, shape in vision_shapes(family, config, prefix).items():
         if len(shape) == 1:
             w = (1.0 if "norm" in name and name.endswith("weight") else 0.0) + 0.1 * rng.standard_normal(shape)
         else:
@@ -122,6 +125,55 @@ def build_qwen3_5_vision(out_dir: str | Path, tokenizer_dir: str | Path, layers:
     weights = {**qwen3_5_weights(qwen3_5_shapes(family, cfg), seed), **vision_weights(family, cfg, seed + 1)}
     out = write_checkpoint(Path(out_dir), cfg, weights, tokenizer_dir)
     (out / "preprocessor_config.json").write_text(json.dumps(PROCESSOR, indent=2))
+    return out
+
+
+# Qwen3-VL (its text model Qwen3's, its tower's first two blocks feeding deepstack features to the first two
+# decoder layers) and Qwen2.5-VL (Qwen2's text model with biases, M-RoPE sections in a row), each as published:
+# (architecture, vision config, where the checkpoint keeps the text model, the vision tower)
+QWEN_VL = {
+    "qwen3_vl": ("Qwen3VLForConditionalGeneration", {
+        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
+        "temporal_patch_size": 2, "spatial_merge_size": 2, "in_channels": 3, "num_position_embeddings": 64,
+        "out_hidden_size": 64, "deepstack_visual_indexes": [0, 1]}, "model.language_model.", "model.visual."),
+    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", {
+        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
+        "temporal_patch_size": 2, "spatial_merge_size": 2, "in_chans": 3, "window_size": 64,
+        "fullatt_block_indexes": [1], "out_hidden_size": 64}, "model.", "visual."),
+}
+
+
+def build_qwen_vl(out_dir: str | Path, tokenizer_dir: str | Path, family: str, layers: int = 4,
+                  seed: int = 17) -> Path:
+    """A Qwen3-VL or Qwen2.5-VL checkpoint (`family`, see QWEN_VL) with M-RoPE sections (3, 3, 2) over its 8
+    rotary frequencies and a small rope_theta, so that the temporal, height and width positions all matter."""
+    tokenizer_dir = Path(tokenizer_dir)
+    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    architecture, vision, text_prefix, tower_prefix = QWEN_VL[family]
+    text = family_config("qwen3", len(vocab), 64, layers)
+    text.update(head_dim=16, rope_theta=100.0, tie_word_embeddings=False)
+    shapes = family_shapes("qwen3", text)
+    if family == "qwen2_5_vl":  # Qwen2's attention: biases on q, k and v, no q/k norms
+        shapes = {k: v for k, v in shapes.items() if "_norm." not in k or "layernorm" in k}
+        shapes.update({k.replace(".weight", ".bias"): (v[0],) for k, v in list(shapes.items())
+                       if k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))})
+        text.update(rope_scaling={"type": "mrope", "mrope_section": [3, 3, 2]})
+        del text["head_dim"]  # Qwen2's is hidden / heads: 16 too
+    else:
+        text.update(rope_scaling={"rope_type": "default", "mrope_section": [3, 3, 2], "mrope_interleaved": True})
+    weights = {(text_prefix + k[len("model."):] if k.startswith("model.") else k): w
+               for k, w in random_weights("qwen3", shapes, seed).items()}
+    tokens = {name: vocab[token] for name, token in [
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]}
+    common = {"architectures": [architecture], "model_type": family, "vision_config": {"model_type": family, **vision},
+              "tie_word_embeddings": False, "eos_token_id": 0, **tokens}
+    cfg = {**text, **common} if family == "qwen2_5_vl" else {
+        **common, "text_config": {**text, "model_type": f"{family}_text"}}
+    weights.update(vision_weights(family, cfg, seed + 1, tower_prefix))
+    out = write_checkpoint(Path(out_dir), cfg, weights, tokenizer_dir)
+    processor = "Qwen2_5_VLProcessor" if family == "qwen2_5_vl" else PROCESSOR["processor_class"]
+    (out / "preprocessor_config.json").write_text(json.dumps({**PROCESSOR, "processor_class": processor}, indent=2))
     return out
 
 

@@ -24,7 +24,7 @@ from ..drafters.protocol import Drafter, OneDrafter, shape
 from ..policy.sequence import AdaptiveDraftLength, FixedDraftLength
 from ..runners.prompt_cache import PromptCache, RowPrefixes
 from ..runners.target import MAX_DRAFT_LEN, Interrupted, OneRow, Target
-from ..runners.vision import Images, reusable_prefix
+from ..runners.vision import READS_SAID, Images, reusable_prefix
 from ..seams.errors import SpecError
 from .batched import BatchedDecoder, batch_problem, largest_batch
 from .rounds import Job, RoundLoop, Row
@@ -187,8 +187,8 @@ class Engine:
         if isinstance(prompt, list):
             sources = image_sources(prompt)
             if sources and self.vision is None:
-                raise SpecError("this model reads text only: images need a vision-language checkpoint (Qwen 3.5 / "
-                                "3.6 or Gemma 4 with its vision tower); send text parts")
+                raise SpecError(f"this model reads text only: images need a vision-language checkpoint ({READS_SAID} "
+                                "with its vision tower); send text parts")
             rendered, templated = prompt_text(self.tokenizer, prompt, tools=tools, images=bool(sources))
             said, ids = max(((said, ids) for said, ids in self.conversations if rendered.startswith(said)),
                             key=lambda chat: len(chat[0]), default=("", []))

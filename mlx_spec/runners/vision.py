@@ -45,6 +45,7 @@ class Images:
     rope: MRope | None = None  # Qwen's multimodal positions; None: positions in a row
     layer_token: int | None = None  # the id the model's per-layer embeddings read at an image token (Gemma 4's pad)
     whole: bool = False  # an image's tokens see one another, later ones too (Gemma 4's bidirectional vision)
+    deep: tuple[mx.array, ...] = ()  # Qwen3-VL's deepstack: per first decoder layer, what its image tokens add
 
     @functools.cached_property
     def positions(self) -> np.ndarray:
@@ -68,17 +69,29 @@ class Images:
         """The same images in another prompt (the same placeholders, other text around them)."""
         return replace(self, prompt=tuple(prompt))
 
-    def embeddings(self, model, tokens: mx.array, start: int) -> mx.array:
-        """The input embeddings of prompt positions start..start + len(tokens) - 1, image tokens taking the
-        features in order, as `model` takes them (before its own scale: see `compat.input_scale`)."""
+    def image_rows(self, tokens: mx.array, start: int) -> tuple[mx.array, mx.array]:
+        """For prompt positions start..start + len(tokens) - 1: which hold image tokens, and the row of the
+        features each takes (meaningful where it is one)."""
         is_image = tokens == self.token
         index = mx.clip(mx.cumsum(is_image.astype(mx.int32)) - 1 + int(self.before[start]), 0,
                         self.features.shape[0] - 1)
+        return is_image, index
+
+    def embeddings(self, model, tokens: mx.array, start: int) -> mx.array:
+        """The input embeddings of prompt positions start..start + len(tokens) - 1, image tokens taking the
+        features in order, as `model` takes them (before its own scale: see `compat.input_scale`)."""
+        is_image, index = self.image_rows(tokens, start)
         text = compat.input_embedding(model)(tokens)
         features = self.features[index].astype(text.dtype)
         if (scale := compat.input_scale(model)) != 1.0:
             features = features / scale
         return mx.where(is_image[:, None], features, text)
+
+    def deepstack(self, tokens: mx.array, start: int) -> list[mx.array]:
+        """What the first decoder layers add to their outputs at prompt positions start..start + len(tokens) - 1:
+        at image tokens their deepstack features, nothing elsewhere."""
+        is_image, index = self.image_rows(tokens, start)
+        return [mx.where(is_image[:, None], deep[index], 0) for deep in self.deep]
 
     @property
     def saved(self) -> int:
@@ -103,15 +116,17 @@ class Images:
 
     @contextlib.contextmanager
     def placed(self, model, piece: mx.array, start: int):
-        """Within: `model`'s rotary embeddings put prompt positions start..start + len(piece) - 1 at their shifted
-        multimodal positions (`frame`, with M-RoPE); yields the ids and the input embeddings the model takes for
-        the piece (`embeddings`; the ids read by its per-layer embeddings, `layer_token` at image tokens)."""
+        """Within: `model` reads prompt positions start..start + len(piece) - 1 as it reads images: its rotary
+        embeddings put them at their shifted multimodal positions (`frame`, with M-RoPE), its first layers add
+        their deepstack features (`deepstack`); yields the ids and the input embeddings it takes for the piece
+        (`embeddings`; the ids read by its per-layer embeddings, `layer_token` at image tokens)."""
         ids = piece if self.layer_token is None else mx.where(piece == self.token, self.layer_token, piece)
-        if self.rope is None:
-            yield ids, self.embeddings(model, piece, start)
-            return
-        compat.positioned_ropes(model)
-        with compat.positions(self.frame(start, start + piece.shape[0]), self.rope.sections):
+        with contextlib.ExitStack() as stack:
+            if self.rope is not None:
+                compat.positioned_ropes(model)
+                stack.enter_context(compat.positions(self.frame(start, start + piece.shape[0]), self.rope.sections))
+            if self.deep:
+                stack.enter_context(compat.added_to_layers(model, self.deepstack(piece, start)))
             yield ids, self.embeddings(model, piece, start)
 
     def frame(self, start: int, end: int) -> mx.array:
@@ -160,20 +175,29 @@ def rope_positions(ids: list[int], token: int, grids: list[list[int]], merge: in
     return positions
 
 
+def rope_settings(text_config: dict) -> dict:
+    """A Qwen text config's rotary settings (`rope_parameters`; older configs' `rope_scaling`)."""
+    return text_config.get("rope_parameters") or text_config.get("rope_scaling") or {}
+
+
 def frequency_axes(text_config: dict) -> np.ndarray:
-    """The axis (0 temporal, 1 height, 2 width) that turns each rotary frequency, in Qwen 3.5's interleaved
-    layout (t h w t h w ..., each axis for as many frequencies as its section)."""
-    rope = text_config["rope_parameters"]
+    """The axis (0 temporal, 1 height, 2 width) that turns each rotary frequency: Qwen 3.5's and Qwen3-VL's
+    interleaved layout (t h w t h w ..., each axis for as many frequencies as its section), or Qwen2.5-VL's
+    sections in a row (its first section's frequencies temporal, then height, then width)."""
+    rope = rope_settings(text_config)
     sections = rope["mrope_section"]
     rotary = int(text_config.get("head_dim") or text_config["hidden_size"] // text_config["num_attention_heads"])
     axes = np.zeros(int(rotary * rope.get("partial_rotary_factor", 1.0)) // 2, dtype=np.int32)
+    if not rope.get("mrope_interleaved"):
+        axes[:sum(sections)] = np.repeat([0, 1, 2], sections)
+        return axes
     for axis in (1, 2):
         axes[axis:min(3 * sections[axis], len(axes)):3] = axis
     return axes
 
 
-READS = ("qwen3_5", "qwen3_5_moe", "gemma4")  # the model types whose images mlx-spec reads
-READS_SAID = "Qwen 3.5 / 3.6 and Gemma 4"
+READS = ("qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen2_5_vl", "gemma4")  # the model types whose images mlx-spec reads
+READS_SAID = "Qwen 3.5 / 3.6, Qwen3-VL, Qwen2.5-VL and Gemma 4"
 
 
 class Vision:
@@ -195,9 +219,8 @@ class Vision:
     def problem(self) -> str | None:
         """Why mlx-spec cannot read this checkpoint's images (None when it can)."""
         model_type = self.config.get("model_type")
-        rope = self.text_config.get("rope_parameters") or {}
-        if model_type not in READS or (model_type != "gemma4" and (
-                "mrope_section" not in rope or not rope.get("mrope_interleaved"))):
+        if model_type not in READS or (model_type != "gemma4" and "mrope_section" not in rope_settings(
+                self.text_config)):
             return f"images are not supported for {model_type} checkpoints yet: {READS_SAID} read them " \
                    "(see docs/images.md)"
         if "image_token_id" not in self.config:
@@ -212,6 +235,7 @@ class Vision:
             vision.check(self.config["model_type"])
             compat.check_sections()
             compat.check_input_embeddings()
+            compat.check_additions()
             self.tower = vision.load_tower(self.path, self.config)
             if self.tower is None:
                 raise SpecError(f"{self.path} declares a vision model but holds no vision weights (a text-only "
@@ -237,14 +261,15 @@ class Vision:
         except (ValueError, StopIteration) as e:  # Gemma 4's: more placeholders than images
             raise SpecError(f"the model's processor refuses these images ({e or type(e).__name__}): send one "
                             "image per image part") from None
-        features = self.tower(inputs)
+        features, deep = self.tower(inputs)
         token = self.config["image_token_id"]
         blocks = image_runs(ids, token)
         if sum(t == token for t in ids) != features.shape[0] or blocks.max(initial=-1) + 1 != len(images):
             raise SpecError(f"the prompt holds {sum(t == token for t in ids)} image tokens for images of "
                             f"{features.shape[0]}: put one image part per image")
         per_image = np.bincount(blocks[blocks >= 0], minlength=len(images))
-        return ids, Images(tuple(ids), features, token, len(images), np.repeat(keys, per_image), **self.reading(inputs))
+        return ids, Images(tuple(ids), features, token, len(images), np.repeat(keys, per_image), deep=tuple(deep),
+                           **self.reading(inputs))
 
     def reading(self, inputs: dict) -> dict:
         """How the model reads its images (the `Images` fields past the keys), from the processor's `inputs`."""

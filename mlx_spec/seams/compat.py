@@ -9,6 +9,7 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
   `models/qwen3_5.py` reimplement;
 - swapping the class of a model's final norm and GDN layers (`swap_class`), found at `model.model.norm`;
 - the Gemma 4 `DecoderLayer` call `(x, mask, cache, per_layer_input, shared_kv=, offset=) -> (h, kv, offset)`;
+- a model calling its decoder layers in order, each returning its output (`added_to_layers`, Qwen3-VL's deepstack);
 - Gemma 4 given `input_embeddings` beside its ids: it multiplies them by its `embed_scale` (`input_scale`) and reads
   its per-layer embeddings at the ids (an image's features go in divided by the scale, its ids as padding);
 - `rope_utils.initialize_rope(dims, base, traditional, scaling_config, max_position_embeddings)`, the rotary
@@ -355,6 +356,49 @@ def positions(values: mx.array, sections: mx.array | None = None):
         yield
     finally:
         _positions[:] = None, None
+
+
+_additions: dict = {}  # id(decoder layer) -> what the forward in progress adds to that layer's output
+
+
+def _adding(base):
+    def call(self, x, *args, **kwargs):
+        out = base.__call__(self, x, *args, **kwargs)
+        extra = _additions.get(id(self))
+        return out if extra is None else out + extra.astype(out.dtype)
+    return call
+
+
+@contextlib.contextmanager
+def added_to_layers(model, additions: list):
+    """Within: decoder layer i's output gets additions[i] (n, H) added, for the first len(additions) layers
+    (Qwen3-VL's deepstack: image features from the vision tower's middle, at the image's tokens)."""
+    layers = decoder_layers(model)[:len(additions)]
+    for layer, extra in zip(layers, additions):
+        if not hasattr(type(layer), "adding"):
+            swap_class(layer, type(f"Adding{type(layer).__name__}", (type(layer),),
+                                   {"__call__": _adding(type(layer)), "adding": True}))
+        _additions[id(layer)] = extra
+    try:
+        yield
+    finally:
+        _additions.clear()
+
+
+@functools.cache
+def check_additions() -> None:
+    """`added_to_layers`: a Qwen3 model calls its decoder layers in order, each returning its output hidden state."""
+    args = decoder_args("qwen3", dict(hidden_size=8, num_hidden_layers=2, intermediate_size=16, head_dim=4,
+                                      num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, vocab_size=6,
+                                      max_position_embeddings=64, tie_word_embeddings=True, rope_theta=1e4))
+    model = qwen3.Model(args)
+    ids, extra = mx.array([[1, 2, 3]]), mx.random.normal((3, 8), key=mx.random.key(0))
+    with added_to_layers(model, [extra]):
+        added = model(ids)
+    layers, h = decoder_layers(model), input_embedding(model)(ids)
+    h = layers[1](layers[0](h, "causal", None) + extra, "causal", None)
+    if not mx.allclose(added, output_head(model)(final_norm(model)(h)), atol=1e-5):
+        raise broken("the decoder layers' calls (each returns its output, called in order by the model)")
 
 
 @functools.cache

@@ -25,6 +25,8 @@ QWEN_TOWER = (("model.visual.", "vision_tower."), ("vision_tower.", "vision_towe
 ENCODERS = {
     "qwen3_5": QWEN_TOWER,
     "qwen3_5_moe": QWEN_TOWER,
+    "qwen3_vl": QWEN_TOWER,
+    "qwen2_5_vl": QWEN_TOWER,
     "gemma4": (("model.vision_tower.", "vision_tower."), ("vision_tower.", "vision_tower."),
                ("model.embed_vision.", "embed_vision."), ("embed_vision.", "embed_vision.")),
 }
@@ -49,7 +51,8 @@ def modules(model_type: str):
 class Encoder(nn.Module):
     """A checkpoint's image encoder as mlx-vlm builds it: its `vision_tower`, and for Gemma 4 the projection into
     the language model's embeddings (`embed_vision`). Called on the processor's inputs, it returns the features
-    of the prompt's image tokens, (image tokens, hidden), in order."""
+    of the prompt's image tokens, (image tokens, hidden), in order, and Qwen3-VL's deepstack features (the same
+    shape, one array for each of the first decoder layers, added to their outputs; none for other families)."""
 
     def __init__(self, config: dict):
         super().__init__()
@@ -64,13 +67,13 @@ class Encoder(nn.Module):
             self.embed_vision = MultimodalEmbedder(vision.hidden_size, text.get("hidden_size", config.get(
                 "hidden_size")), vision.rms_norm_eps)
 
-    def __call__(self, inputs: dict) -> mx.array:
+    def __call__(self, inputs: dict) -> tuple[mx.array, list[mx.array]]:
         pixels = inputs["pixel_values"]
         if self.model_type == "gemma4":
-            return self.embed_vision(self.vision_tower(pixels))[0]
+            return self.embed_vision(self.vision_tower(pixels))[0], []
         out = self.vision_tower(pixels.astype(self.vision_tower.patch_embed.proj.weight.dtype),
                                 inputs["image_grid_thw"])
-        return out[0] if isinstance(out, tuple) else out
+        return (out[0], list(out[1] or [])) if isinstance(out, tuple) else (out, [])
 
     def sanitize(self, weights: dict) -> dict:
         """The checkpoint's tensors in the form the encoder loads (mlx-vlm's own conversion)."""
@@ -154,6 +157,8 @@ TINY = {
                lambda: {"pixel_values": mx.zeros((1, 3, 4, 4))}),
 }
 TINY["qwen3_5_moe"] = TINY["qwen3_5"]
+TINY["qwen3_vl"] = ({**TINY["qwen3_5"][0], "deepstack_visual_indexes": [0]}, TINY["qwen3_5"][1])
+TINY["qwen2_5_vl"] = ({**TINY["qwen3_5"][0], "window_size": 4, "fullatt_block_indexes": [0]}, TINY["qwen3_5"][1])
 
 
 @functools.cache
@@ -162,11 +167,14 @@ def check(model_type: str) -> None:
     vision, inputs = TINY[model_type]
     try:
         encoder = Encoder({"model_type": model_type, "text_config": {"hidden_size": 4}, "vision_config": vision})
-        out = encoder(inputs())
+        out, deep = encoder(inputs())
         names = set(encoder.sanitize(dict(tree_flatten(encoder.parameters()))))
     except Exception as e:
         raise SpecError(f"mlx-vlm {importlib.metadata.version('mlx-vlm')} changed its {model_type} vision model "
                         f"({type(e).__name__}: {e}); mlx-spec was tested with {tested_mlx_vlm()}: {INSTALL}") from None
-    if out.shape != (1, 4) or names != {name for name, _ in tree_flatten(encoder.parameters())}:
-        raise SpecError(f"mlx-vlm's {model_type} vision model now returns {out.shape} for one image token of width "
-                        f"4, or renames its tensors; mlx-spec was tested with mlx-vlm {tested_mlx_vlm()}: {INSTALL}")
+    deepstack = len(vision.get("deepstack_visual_indexes", []))
+    if out.shape != (1, 4) or [d.shape for d in deep] != [(1, 4)] * deepstack \
+            or names != {name for name, _ in tree_flatten(encoder.parameters())}:
+        raise SpecError(f"mlx-vlm's {model_type} vision model now returns {out.shape} (and {len(deep)} deepstack "
+                        f"features) for one image token of width 4, or renames its tensors; mlx-spec was tested "
+                        f"with mlx-vlm {tested_mlx_vlm()}: {INSTALL}")
