@@ -182,3 +182,22 @@ def test_hidden_states_from_inside_an_image_read_whole(tiny, images, monkeypatch
     while not row.extend(ids[:-1], probe.read_hidden, tail, prompt_images):
         pass
     np.testing.assert_allclose(np.concatenate([np.array(h) for h in row.hidden]), whole, atol=1e-4)
+
+
+def test_gemma4_image_conversations_through_the_prompt_cache(tiny, reference, images):
+    """A Gemma 4 image conversation, then a text one, then the first's next turn as a batch row: the row starts
+    from what the first conversation held (the prompt cache stored it when the text one came) and answers as
+    mlx-vlm does over the whole conversation; the text turn reuses nothing of the image one (a sliding-window
+    cache is not cut back)."""
+    from mlx_spec.decode.rounds import Job
+
+    engine = mlx_spec.load(str(tiny[MODEL]), draft_model=str(tiny[f"{MODEL}-draft"]), draft_len=3)
+    engine.cache_prompts(1 << 30)
+    first = mlx_spec.generate(engine, chat(images[1:]), max_tokens=8)
+    other = mlx_spec.generate(engine, [{"role": "user", "content": QUESTION}], max_tokens=8)
+    assert other.stats.reused_prompt_tokens == 0
+    turn = chat(images[1:]) + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "and?"}]
+    ids, _, shown = engine.encode_chat(turn)
+    [(_, row)] = engine.generate_many([Job(ids, max_tokens=8, images=shown)], batch_size=2)
+    assert row.stats.reused_prompt_tokens == first.stats.prompt_tokens + len(first.tokens) - 1
+    assert row.tokens == reference_greedy(reference, images[1:], 8, ids)[:len(row.tokens)]

@@ -98,3 +98,35 @@ def test_qwen3_vl_image_rows_in_a_batch_and_a_returning_turn(tiny, references, i
     second = mlx_spec.generate(engine, conversation, max_tokens=10)
     assert second.stats.reused_prompt_tokens == first.stats.prompt_tokens + len(first.tokens) - 1
     assert second.tokens == reference_greedy(reference, images[:1], 10, ids)[:len(second.tokens)]
+
+
+def test_image_conversations_through_the_prompt_cache(tiny, references, images):
+    """Two Qwen3-VL conversations over different images, alternating through the prompt cache: a returning turn
+    is served its own conversation's cache (stored while the other ran), alone and as a batch row, and answers as
+    mlx-vlm does over the whole conversation; a turn that adds an image shifts the prompt's M-RoPE frame: it reuses
+    nothing of its conversation's cache (at most the text before its first image, from a cache in its frame), and
+    answers as mlx-vlm does too."""
+    from mlx_spec.decode.rounds import Job
+
+    reference = references["qwen3_vl"]
+    engine = mlx_spec.load(str(tiny["qwen3_vl"]), draft_model=str(tiny["qwen3_vl-draft"]), draft_len=3)
+    engine.cache_prompts(1 << 30)
+    chats = [chat(images[:1]), chat(images[1:])]
+    firsts = [mlx_spec.generate(engine, conversation, max_tokens=8) for conversation in chats]
+    turns = [conversation + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "and?"}]
+             for conversation, first in zip(chats, firsts)]
+    ids = engine.encode_chat(turns[0])[0]
+    second = mlx_spec.generate(engine, turns[0], max_tokens=8)
+    assert second.stats.reused_prompt_tokens == firsts[0].stats.prompt_tokens + len(firsts[0].tokens) - 1
+    assert second.tokens == reference_greedy(reference, images[:1], 8, ids)[:len(second.tokens)]
+    ids, _, shown = engine.encode_chat(turns[1])
+    [(_, row)] = engine.generate_many([Job(ids, max_tokens=8, images=shown)], batch_size=2)
+    assert row.stats.reused_prompt_tokens == firsts[1].stats.prompt_tokens + len(firsts[1].tokens) - 1
+    assert row.tokens == reference_greedy(reference, images[1:], 8, ids)[:len(row.tokens)]
+    added = turns[1] + [{"role": "assistant", "content": row.text},  # its tall image saved no position; the wide one
+                         {"role": "user", "content": [{"type": "image", "image": images[0]}]}]  # saves some
+    ids, _, shown = engine.encode_chat(added)
+    assert engine.encode_chat(turns[1])[2].saved == 0 < shown.saved
+    third = mlx_spec.generate(engine, added, max_tokens=8)
+    assert third.stats.reused_prompt_tokens <= ids.index(reference[0].config.image_token_id)
+    assert third.tokens == reference_greedy(reference, images[::-1], 8, ids)[:len(third.tokens)]

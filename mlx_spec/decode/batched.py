@@ -23,6 +23,7 @@ from ..policy.batch import BatchDraftLength
 from ..policy.sequence import AdaptiveDraftLength, FixedDraftLength
 from ..runners.ragged import RaggedBatch, RaggedKVCache, check_batches
 from ..runners.target import PREFILL_CHUNK
+from ..runners.vision import prompt_keys
 from ..seams.errors import SpecError
 from .rounds import Job, RoundLoop, Row
 
@@ -191,13 +192,10 @@ class BatchedDecoder:
             row.prefill = None
 
     def _cached(self, row: Row) -> RaggedBatch | None:
-        """A one-row batch holding the start of `row`'s prompt that the prompt cache serves (None: none does, and
-        none serves a prompt with images: see `_store`)."""
-        if row.job.images:
-            return None
+        """A one-row batch holding the start of `row`'s prompt that the prompt cache serves (None: none does)."""
         reads = self.read_hidden and row.read_hidden and not self.drafters.resumes  # hidden states it must run
         tail = self.hidden_tail if reads else 0
-        found = self.prefixes and self.prefixes.find(row.job.prompt[:-1], tail)
+        found = self.prefixes and self.prefixes.find(prompt_keys(row.job.prompt[:-1], row.job.images), tail)
         if not found:
             return None
         layers, row.stats.reused_prompt_tokens, row.drafter_held = found
@@ -205,11 +203,12 @@ class BatchedDecoder:
 
     def _store(self, batch: RaggedBatch, index: int, row: Row, tokens: list[int], prompt: bool = False) -> None:
         """Keep what row `index` of `batch` (`row`) holds (of `tokens`) in the prompt cache; `prompt`: a prompt just
-        prefilled, kept where the target's cache cannot be cut back (a point the next turn may reuse). A row with
-        images is not kept: its image tokens are placeholders, the same for every image of that size."""
-        if self.prefixes and tokens and not row.job.images and (not prompt or not self.prefixes.target.cuttable):
+        prefilled, kept where the target's cache cannot be cut back (a point the next turn may reuse), known by its
+        keys (`vision.prompt_keys`: an image's tokens by its pixels)."""
+        if self.prefixes and tokens and (not prompt or not self.prefixes.target.cuttable):
             held = self.drafters.row_state(index, tokens) if not prompt and self.drafters else None
-            self.prefixes.store(tokens[:int(batch.offsets[index])], batch.row_positions(index), held)
+            keys = prompt_keys(tokens[:int(batch.offsets[index])], row.job.images)
+            self.prefixes.store(keys, batch.row_positions(index), held)
 
     def _joined(self, drafters, rows: list[Row], row: Row, hidden: mx.array | None) -> None:
         """`row`, its prompt now in the batch's cache, joins the rows (and its drafter, with `hidden`)."""

@@ -24,7 +24,7 @@ from ..drafters.protocol import Drafter, OneDrafter, shape
 from ..policy.sequence import AdaptiveDraftLength, FixedDraftLength
 from ..runners.prompt_cache import PromptCache, RowPrefixes
 from ..runners.target import MAX_DRAFT_LEN, Interrupted, OneRow, Target
-from ..runners.vision import READS_SAID, Images, reusable_prefix
+from ..runners.vision import READS_SAID, Images, prompt_keys
 from ..seams.errors import SpecError
 from .batched import BatchedDecoder, batch_problem, largest_batch
 from .rounds import Job, RoundLoop, Row
@@ -241,16 +241,15 @@ class Engine:
         mx.reset_peak_memory()
         cached, self.cached_context = self.cached_context, []  # unknown while the prefill runs
         held_images, self.cached_images = self.cached_images, job.images
-        if job.images or held_images:  # sequences with images stay out of the prompt cache
-            cached = reusable_prefix(cached, held_images, context[:-1], job.images)
-        elif self.prompt_cache is not None:
-            cached = self.prompt_cache.switch(self.target, self.drafter, cached, context[:-1])
+        cached, keys = prompt_keys(cached, held_images), prompt_keys(context[:-1], job.images)
+        if self.prompt_cache is not None:
+            cached = self.prompt_cache.switch(self.target, self.drafter, cached, keys)
         try:
             prompt_step = self.target.prefill(context[:-1], cached, hidden=self.policy.drafts_at(1),
                                               interrupted=lambda: not self.lockstep and (self.stop_requested
                                                                                          or should_stop()),
                                               absorb=self.drafter.absorb if self.drafter else None,
-                                              images=job.images)
+                                              images=job.images, keys=keys)
         except Interrupted:
             row.stats.prefill_seconds = time.perf_counter() - row.started
             yield Done("stopped", "", [], row.stats)
@@ -259,8 +258,8 @@ class Engine:
         row.stats.reused_prompt_tokens = prompt_step.start
         if self.drafter:
             self.drafter.begin(context, prompt_step)
-        if self.prompt_cache is not None and not self.target.cuttable and not job.images:  # for the next turn
-            self.prompt_cache.store(self.prompt_cache.take(self.target, self.drafter, context[:-1]), False)
+        if self.prompt_cache is not None and not self.target.cuttable:  # for the next turn
+            self.prompt_cache.store(self.prompt_cache.take(self.target, self.drafter, keys), False)
         row.stats.prefill_seconds = time.perf_counter() - row.started
         loop, stopping = self.round_loop(), False
 
@@ -427,7 +426,8 @@ class Engine:
         decoder = BatchedDecoder(self.target.model, self.tokenizer, self.drafter, draft_len, self.max_draft_len,
                                  self.target.read_hidden, self.target.kv_bits, self.target.kv_group_size,
                                  self.target.hidden_tail, self.prompt_cache and RowPrefixes(
-                                     self.prompt_cache, self.target, self.cached_context, self.drafter),
+                                     self.prompt_cache, self.target, prompt_keys(self.cached_context,
+                                                                                 self.cached_images), self.drafter),
                                  self.batch_policy if draft_len is None else None,
                                  draft_policy(None, self.max_draft_len, 1, self.learnt) if self.drafter else None)
         if self.lockstep:

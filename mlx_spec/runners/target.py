@@ -210,15 +210,17 @@ class Target:
 
     def prefill(self, tokens: list[int], cached: list[int] = (), hidden: bool = True,
                 interrupted: Callable[[], bool] = lambda: False,
-                absorb: Callable[[int, mx.array], None] | None = None, images: Images | None = None) -> Step:
+                absorb: Callable[[int, mx.array], None] | None = None, images: Images | None = None,
+                keys: list | None = None) -> Step:
         """Process a prompt in chunks, evaluating the cache as it goes; nothing is kept for rollback. The prefix
         it shares with `cached` (what the cache holds now) is reused when the cache allows. Returns the hidden
         states of the last positions it ran (`hidden_tail` of them, or all) when they were asked for and `hidden`,
         no logits; with `absorb` each chunk's go to `absorb(first position, states)` as it runs instead, so a
         long prompt's are never all held at once. `interrupted()` is asked between chunks: when true, the cache
         is emptied and `Interrupted` raised. `images`: the prompt's (runners/vision.py), whose positions it
-        prefills at their embeddings and multimodal positions (`cached` then as `vision.reusable_prefix` cut it)."""
-        keep = self.reusable(cached, tokens)
+        prefills at their embeddings and multimodal positions; `keys`: what `tokens` are known by when compared with
+        `cached` (`vision.prompt_keys`; None: the tokens)."""
+        keep = self.reusable(cached, tokens if keys is None else keys)
         if keep:
             rollback(self.cache, self.offset - keep, self.offset)
             self.offset = keep

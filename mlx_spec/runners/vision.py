@@ -20,7 +20,6 @@ import numpy as np
 
 from ..seams import compat, vision
 from ..seams.errors import SpecError
-from .prompt_cache import common_prefix
 
 
 @dataclass(frozen=True)
@@ -150,14 +149,17 @@ def image_runs(ids, token: int) -> np.ndarray:
     return np.where(is_image, np.cumsum(starts) - 1, -1)
 
 
-def reusable_prefix(held: list[int], held_images: Images | None, tokens: list[int], images: Images | None) -> list:
-    """What of a cache holding `held` (with `held_images`) a prefill of `tokens` (with `images`) may keep: their
-    common prefix, images compared by their pixels; nothing when the images saved different numbers of positions
-    (each prompt is prefilled in its own shifted frame: see `Images.frame`)."""
-    if (held_images.saved if held_images else 0) != (images.saved if images else 0):
-        return []
-    mine, theirs = held_images.keyed(held) if held_images else held, images.keyed(tokens) if images else tokens
-    return held[:common_prefix(mine, theirs)]
+def prompt_keys(tokens: list[int], images: Images | None) -> list:
+    """What a cache holding `tokens` (a prompt showing `images`, and what followed it) is known by when prompts
+    are compared (the prompt caches): its tokens, each image token replaced by its image's stand-in (its pixels);
+    in a frame shifted by what the images saved (M-RoPE: every position of the prompt is shifted), the first
+    marked with the shift, so that two sequences share a prefix exactly where their caches hold the same."""
+    if images is None:
+        return list(tokens)
+    keys = images.keyed(tokens)
+    if images.saved and keys:
+        keys[0] = -(1 + images.saved) * 2 ** 80 + keys[0]  # beyond every token id and stand-in
+    return keys
 
 
 def rope_positions(ids: list[int], token: int, grids: list[list[int]], merge: int) -> np.ndarray:
