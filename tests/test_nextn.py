@@ -1,8 +1,8 @@
 """The nextn MTP layers of DeepSeek-V3 (MLA + MoE), DeepSeek-V3.2 and GLM-5 (its sparse attention), GLM-4.5 (GQA
 + MoE), GLM-4.7-Flash (MLA + GLM's MoE), MiMo-7B (Qwen2's block, Qwen3.5's equations), K-EXAONE (Qwen3.5's names and
 equations, a dense global-attention block), ERNIE 4.5 MoE (its tensors beside the target's, scored through the
-target's final norm), MiMo-V2-Flash (a sliding-window block with attention sinks) and Step 3.5 Flash (its own head,
-zero-centred norms): the layer against a NumPy transcription of each family's equations, exact drafting with
+target's final norm), MiMo-V2-Flash (a sliding-window block with attention sinks), Step 3.5 Flash (its own head,
+zero-centred norms) and LongCat-Flash (its own embedding, an MLA + dense block under `model.mtp.*`): the layer against a NumPy transcription of each family's equations, exact drafting with
 rollbacks of every cache, convert keeping and grafting the layer, refusals."""
 
 import importlib
@@ -11,6 +11,7 @@ import shutil
 from dataclasses import replace
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from helpers import assert_one_line_error, edited_copy, plain_greedy, run_cli
@@ -18,7 +19,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import CacheList, KVCache
 from mlx_lm.utils import load_model
 from tiny import HEAD_TEXTS
-from tiny_nextn import NEXTN_FAMILIES, target_states
+from tiny_nextn import NEXTN_FAMILIES, depth, target_states
 
 import mlx_spec
 
@@ -50,7 +51,12 @@ REFERENCE = {
     "mimo_v2_flash": ("model.mtp.layers.0.", ("enorm", "hnorm", "eh_proj", "final_layernorm"), False, True, True),
     # vLLM's Step3p5AMultiTokenPredictorLayer: GemmaRMSNorms, its own shared_head, the target's pre-norm state
     "step3p5": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "transformer.shared_head.norm"), False, False, True),
+    # vLLM's LongCatMultiTokenPredictorLayer: its own embedding (model.mtp.embed_tokens), final_layernorm(h + res)
+    # fed back and scored by the target's lm_head
+    "longcat_flash": ("model.mtp.", ("layers.0.enorm.m", "layers.0.hnorm.m", "layers.0.eh_proj", "norm"), False, True,
+                      False),
 }
+OWN_EMBEDDING = {"longcat_flash": "model.mtp.embed_tokens.weight"}  # embeds the drafted token with this
 ZERO_CENTRED = {"step3p5"}  # its norms compute x * (1 + w)
 OWN_HEAD = {"step3p5": "transformer.shared_head.output"}  # scores with this, not the target's lm_head
 BLOCKS = {
@@ -61,6 +67,7 @@ BLOCKS = {
     "ernie4_5_moe": (lambda module, args: module.Ernie4_5_DecoderLayer(args, layer_idx=0), "model.mtp_block.0."),
     "mimo_v2_flash": (lambda module, args: module.DecoderLayer(args, is_moe=False, is_sliding_window=True),
                       "model.mtp.layers.0."),
+    "longcat_flash": (lambda module, args: LongcatMTPBlock(module, args), "model.mtp.layers.0."),
 }
 # where the block's tensors are named otherwise than mlx-lm's layer names them, and where it attends to a window
 RENAMED = {"mimo_v2_flash": ("pre_mlp_layernorm.", "post_attention_layernorm.")}
@@ -68,11 +75,41 @@ WINDOW = {"mimo_v2_flash": "sliding_window_size", "step3p5": "sliding_window"}
 INDEXED = {"deepseek_v32", "glm_moe_dsa"}  # the block's cache: the attention's and its indexer's
 
 
+class LongcatMTPBlock(nn.Module):
+    """vLLM's DeepseekV2DecoderLayer as LongCat's MTP layer builds it (no experts): its MLA attention (mlx-lm's
+    LongCat MLA, which scales the q and kv latents) and a dense MLP, each pre-normed with a residual; the tensors
+    as LongCat publishes them, DeepSeek's kv_b_proj split into the MLA's per-head key and value projections."""
+
+    def __init__(self, module, args):
+        super().__init__()
+        self.args = args
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.self_attn = module.LongcatFlashMLA(args)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.transformer_layer = nn.Module()
+        self.transformer_layer.mlp = module.LongcatFlashMLP(args)
+
+    def load_weights(self, weights: list) -> None:
+        args, split = self.args, []
+        for name, value in weights:
+            if name == "self_attn.kv_b_proj.weight":
+                per_head = value.reshape(args.num_attention_heads, args.qk_nope_head_dim + args.v_head_dim, -1)
+                split += [("self_attn.embed_q.weight", per_head[:, :args.qk_nope_head_dim].swapaxes(-1, -2)),
+                          ("self_attn.unembed_out.weight", per_head[:, args.qk_nope_head_dim:])]
+            else:
+                split.append((name, value))
+        super().load_weights(split)
+
+    def __call__(self, x, mask=None, cache=None):
+        h = x + self.self_attn(self.input_layernorm(x), mask=mask, cache=cache)
+        return h + self.transformer_layer.mlp(self.post_attention_layernorm(h))
+
+
 def reference_block(path, config: dict, raw: dict, own: set[str]):
     """The layer's decoder block as mlx-lm runs it: a model one layer deeper's last layer, where the block is
     stored as that layer (mlx-lm's own loader converts its tensors); else mlx-lm's layer (BLOCKS) holding the
     block's tensors as stored."""
-    n = config["num_hidden_layers"]
+    n = depth(config)
     if config["model_type"] not in BLOCKS:
         return load_model(path, strict=False, model_config={"num_hidden_layers": n + 1})[0].model.layers[n]
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
@@ -95,7 +132,7 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
 
     path = tiny[family]
     config = json.loads((path / "config.json").read_text())
-    n, raw = config["num_hidden_layers"], load_file(str(path / "model.safetensors"))
+    n, raw = depth(config), load_file(str(path / "model.safetensors"))
     where, names, hidden_first, feeds_normed, pre = REFERENCE[family]
     p = where.format(n=n)
     embedding_norm, hidden_norm, proj, out_norm = (raw[f"{p}{name}.weight"] for name in names)
@@ -109,7 +146,8 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
     hidden = np.array(target_states(target, ids) if pre else target.model(mx.array(ids)[None])[0])
 
     def rows(tokens: list[int], hidden: np.ndarray) -> np.ndarray:
-        parts = [rms(raw["model.embed_tokens.weight"][tokens], embedding_norm), rms(hidden, hidden_norm)]
+        embedding = raw[OWN_EMBEDDING.get(family, "model.embed_tokens.weight")]
+        parts = [rms(embedding[tokens], embedding_norm), rms(hidden, hidden_norm)]
         return np.concatenate(parts[::-1] if hidden_first else parts, -1) @ proj.T
 
     window = config.get(WINDOW.get(family, ""))
@@ -156,9 +194,9 @@ def test_nextn_drafting_is_exact(tiny, family):
     assert 0 < accepted < drafted
 
 
-# the layer past the last, in its own list, beside the target's tensors (its output norm the target's), and with
-# zero-centred norms (shifted once, on conversion)
-@pytest.mark.parametrize("family", ["deepseek_v3", "mimo", "ernie4_5_moe", "step3p5"])
+# the layer past the last, in its own list, beside the target's tensors (its output norm the target's), with
+# zero-centred norms (shifted once, on conversion), and under its own prefix with its own embedding
+@pytest.mark.parametrize("family", ["deepseek_v3", "mimo", "ernie4_5_moe", "step3p5", "longcat_flash"])
 def test_convert_keeps_and_grafts_the_nextn_layer(tiny, tmp_path, family):
     from mlx_lm.convert import convert
 

@@ -1,7 +1,8 @@
 """Tiny checkpoints in the Hugging Face layout of each nextn family (DeepSeek-V3: MLA + MoE; DeepSeek-V3.2 and
 GLM-5: MLA with a sparse attention's indexer + MoE; GLM-4.5: GQA + MoE; GLM-4.7-Flash: MLA + GLM's MoE; MiMo-7B;
-K-EXAONE; ERNIE 4.5 MoE; MiMo-V2-Flash; Step 3.5 Flash), each with its MTP layer under the names its publisher uses
-(DeepSeek's and GLM's as `model.layers.{num_hidden_layers}.*`, copies of the embedding and output head included)."""
+K-EXAONE; ERNIE 4.5 MoE; MiMo-V2-Flash; Step 3.5 Flash; LongCat-Flash: two MLA sublayers a layer, zero-computation
+experts), each with its MTP layer under the names its publisher uses (DeepSeek's and GLM's as
+`model.layers.{num_hidden_layers}.*`, copies of the embedding and output head included)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from tiny import write_checkpoint
 from mlx_spec.models.nextn import FAMILIES, prefix
 
 NEXTN_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe", "ernie4_5_moe", "mimo_v2_flash",
-                  "step3p5")
-MLA = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite")  # compressed keys and values (q_a / kv_a)
+                  "step3p5", "longcat_flash")
+MLA = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "longcat_flash")  # compressed keys and values
 SPARSE = {"index_n_heads": 4, "index_head_dim": 16, "index_topk": 8}  # DeepSeek's sparse attention: an indexer
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
        "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
@@ -96,6 +97,14 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
                 "moe_layer_offset": 0, "moe_every_n_layer": 1, "swiglu_limits": [0.0] * (layers - 1) + [7.0, 0.0],
                 "swiglu_limits_shared": [0.0] * (layers - 1) + [16.0, 0.0], "zero_centered": True,
                 "sink": False, "use_rope_layers": []}
+    if family == "longcat_flash":  # LongCat-Flash's keys: `num_layers` of two MLA sublayers, MLPs and experts each
+        return {**{k: v for k, v in common.items() if k not in (*MOE, "num_hidden_layers", "intermediate_size")},
+                "architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash", "num_layers": layers,
+                "ffn_hidden_size": 2 * hidden, "expert_ffn_hidden_size": 32, "n_routed_experts": 4,
+                "zero_expert_num": 2, "zero_expert_type": "identity", "moe_topk": 2, "routed_scaling_factor": 6.0,
+                "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
+                "qk_nope_head_dim": 16, "v_head_dim": 16, "mla_scale_q_lora": True, "mla_scale_kv_lora": True,
+                "attention_method": "MLA", "norm_topk_prob": False, "router_bias": False, "rope_scaling": None}
     return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_key_value_heads": 2,
             "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True,
             "rope_scaling": None, "n_group": 1}
@@ -109,6 +118,8 @@ def is_moe(cfg: dict, i: int) -> bool:
         return i < len(cfg["moe_layer_freq"]) and cfg["moe_layer_freq"][i] == 1
     if "is_moe_layer" in cfg:
         return i < len(cfg["is_moe_layer"]) and cfg["is_moe_layer"][i]
+    if cfg["model_type"] == "longcat_flash":  # every layer has experts beside its MLPs; its MTP block none
+        return i < cfg["num_layers"]
     if cfg["model_type"] == "ernie4_5_moe":  # its MTP block is dense
         return cfg["moe_layer_start_index"] <= i < cfg["num_hidden_layers"]
     return "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]
@@ -120,8 +131,15 @@ def swiglu(name: str, h: int, inter: int) -> dict[str, tuple[int, ...]]:
             f"{name}.down_proj.weight": (h, inter)}
 
 
+def depth(cfg: dict) -> int:
+    """The target's layers (LongCat calls them `num_layers`)."""
+    return cfg.get("num_hidden_layers", cfg.get("num_layers"))
+
+
 def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
     """One decoder layer's tensors under the prefix `p`."""
+    if cfg["model_type"] == "longcat_flash":
+        return longcat_layer_shapes(cfg, p)
     if cfg["model_type"] == "exaone_moe":
         return exaone_layer_shapes(cfg, p, moe)
     if cfg["model_type"] == "ernie4_5_moe":
@@ -166,6 +184,26 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
         shapes.update(swiglu(p + "mlp.shared_experts", h, shared))
     else:
         shapes.update(swiglu(p + "mlp", h, cfg["intermediate_size"]))
+    return shapes
+
+
+def longcat_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
+    """LongCat-Flash's layer: two MLA sublayers (`self_attn.{i}`, their norms `input_layernorm.{i}` ...), two dense
+    MLPs (`mlps.{i}`) and experts beside them (a router of the real and the identity experts); its MTP block one MLA
+    sublayer and a dense MLP (`transformer_layer.mlp`), as vLLM's longcat_flash_mtp.py maps them."""
+    mla = layer_shapes({**cfg, "model_type": "deepseek_v3", "intermediate_size": 1}, "", False)
+    h, mla = cfg["hidden_size"], {k: v for k, v in mla.items() if k.startswith("self_attn.")}
+    if not p.startswith("model.layers."):
+        return {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                **{p + k: v for k, v in mla.items()}, **swiglu(p + "transformer_layer.mlp", h, cfg["ffn_hidden_size"])}
+    shapes = {p + "mlp.router.classifier.weight": (cfg["n_routed_experts"] + cfg["zero_expert_num"], h),
+              p + "mlp.router.e_score_correction_bias": (cfg["n_routed_experts"] + cfg["zero_expert_num"],)}
+    for i in range(2):
+        shapes.update({p + f"input_layernorm.{i}.weight": (h,), p + f"post_attention_layernorm.{i}.weight": (h,),
+                       **{p + k.replace("self_attn.", f"self_attn.{i}.", 1): v for k, v in mla.items()},
+                       **swiglu(p + f"mlps.{i}", h, cfg["ffn_hidden_size"])})
+    for e in range(cfg["n_routed_experts"]):
+        shapes.update(swiglu(p + f"mlp.experts.{e}", h, cfg["expert_ffn_hidden_size"]))
     return shapes
 
 
@@ -253,7 +291,7 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     """Norms near 1 (near 0 where stored zero-centred), biases and the router's correction bias small, matrices
     scaled by their fan-in, the output heads and embedding by 0.5."""
     rng = np.random.default_rng(seed)
-    h, v, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    h, v, n = cfg["hidden_size"], cfg["vocab_size"], depth(cfg)
     shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
     for i in range(n):
         shapes.update(layer_shapes(cfg, f"model.layers.{i}.", moe=is_moe(cfg, i)))
@@ -261,14 +299,16 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     shapes.update(layer_shapes(cfg, p + family.block_prefix, moe=is_moe(cfg, n)))
     embedding, hidden, proj, out = family.names
     shapes.update({f"{p}{embedding}.weight": (h,), f"{p}{hidden}.weight": (h,), f"{p}{proj}.weight": (h, 2 * h),
-                   f"{p}{out}.weight": (h,), **({f"{p}{family.head}.weight": (v, h)} if family.head else {})})
+                   f"{p}{out}.weight": (h,), **({f"{p}{family.head}.weight": (v, h)} if family.head else {}),
+                   **({f"{p}{family.embedding}.weight": (v, h)} if family.embedding else {})})
     weights = {}
     for name, shape in shapes.items():
         if name.endswith("norm.weight"):
             weights[name] = (float(not family.zero_centred) + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         elif len(shape) == 1:
             weights[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
-        elif name in ("model.embed_tokens.weight", "lm_head.weight", f"{p}{family.head}.weight"):
+        elif name in ("model.embed_tokens.weight", "lm_head.weight", f"{p}{family.head}.weight",
+                      f"{p}{family.embedding}.weight"):
             weights[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
         else:
             weights[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
@@ -307,15 +347,19 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
     nextn = load_nextn(checkpoint, cfg, [checkpoint / "model.safetensors"])
     nextn.layers[0].freeze()
     family, p = FAMILIES[cfg["model_type"]], prefix(cfg)
-    own = {theirs: mine for theirs, mine in ours(family).items() if p + theirs != "model.norm.weight"}
-    if len(own) < len(ours(family)):  # ERNIE's output norm is the target's final norm: left as it is
+    embed = nextn.embed if family.embedding else target.model.embed_tokens
+    if family.embedding:  # its own embedding stays as drawn
+        nextn.embed.freeze()
+    own = {theirs: mine for theirs, mine in ours(family).items()
+           if p + theirs != "model.norm.weight" and mine != "embed.weight"}
+    if "shared_norm.weight" not in own.values():  # ERNIE's output norm is the target's final norm: left as it is
         nextn.shared_norm.freeze()
     rows = []
     for sequence in greedy_continuations(target, load_tokenizer(checkpoint), texts, tokens=120):
         hidden = target.model(mx.array(sequence)[None])[0]
         labels = mx.argmax(target.lm_head(hidden), -1)
         read = target_states(target, sequence) if FAMILIES[cfg["model_type"]].reads == "pre" else hidden
-        rows.append((target.model.embed_tokens(mx.array(sequence[1:])), read[:-1], labels[1:]))
+        rows.append((embed(mx.array(sequence[1:])), read[:-1], labels[1:]))
     mx.eval(rows)
 
     def loss(nextn):

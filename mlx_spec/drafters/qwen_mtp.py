@@ -250,7 +250,8 @@ def build_nextn(pairing: Pairing, runner) -> MTPDrafter:
     check_supported(target.config, target.path)
     nextn = load_nextn(target.path, target.config, checkpoint_files(target.path))
     head = nextn.head if nextn.family.head else compat.output_head(target.model)
-    return MTPDrafter(nextn, compat.input_embedding(target.model), lambda x: head(nextn.head_input(x)))
+    embed = nextn.embed if nextn.family.embedding else compat.input_embedding(target.model)
+    return MTPDrafter(nextn, embed, lambda x: head(nextn.head_input(x)))
 
 
 def build_qwen(pairing: Pairing, runner) -> MTPDrafter:

@@ -18,7 +18,8 @@ Baidu's training code and transformers do (vLLM and SGLang score the block's out
 block attends within a sliding window, with its own cache of that window; its layer reads the target's state
 before the final norm, as Xiaomi's SGLang code hands it (vLLM hands it the state after). Step 3.5 Flash's layers
 (three; the first drafts every depth, as vLLM's recipe runs it) score with their own head, through zero-centred
-norms, over the target's pre-norm state, their block a sliding-window one.
+norms, over the target's pre-norm state, their block a sliding-window one. LongCat-Flash's layer (`model.mtp.*`)
+embeds the drafted token with its own embedding, its block one MLA sublayer of LongCat's kind and a dense MLP.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from mlx_lm.models import (
     glm4_moe,
     glm4_moe_lite,
     glm_moe_dsa,
+    longcat_flash,
     mimo,
     mimo_v2_flash,
     step3p5,
@@ -76,6 +78,23 @@ class Family:
     head: str | None = None
     zero_centred: bool = False
     indexed: bool = False
+    embedding: str | None = None  # the name of the layer's own token embedding (None: the target's)
+
+
+class LongcatBlock(nn.Module):
+    """LongCat-Flash's MTP block: one MLA attention sublayer of its kind (mlx-lm's, the q and kv latents scaled as
+    configured), then a dense MLP, each pre-normed with a residual (vLLM's DeepseekV2DecoderLayer without experts)."""
+
+    def __init__(self, args):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.self_attn = [longcat_flash.LongcatFlashMLA(args)]  # as a target layer's first sublayer is held
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.mlp = longcat_flash.LongcatFlashMLP(args)
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        h = x + self.self_attn[0](self.input_layernorm(x), mask=mask, cache=cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 FAMILIES = {
@@ -107,7 +126,10 @@ FAMILIES = {
         ("enorm", "hnorm", "eh_proj", "transformer.shared_head.norm"), copies=(), reads="pre",  # Step 3.5 Flash:
         window=lambda args: args.sliding_window if args.layer_types[args.num_hidden_layers] == "sliding_attention"
         else None, head="transformer.shared_head.output", zero_centred=True),  # the first of its three layers
-}
+    "longcat_flash": Family(longcat_flash, LongcatBlock, ("layers.0.enorm.m", "layers.0.hnorm.m", "layers.0.eh_proj",
+        "norm"), "model.mtp.", block_prefix="layers.0.", copies=(), feeds_normed=True, embedding="embed_tokens",
+        renames=(("transformer_layer.mlp.", "mlp."), ("self_attn.", "self_attn.0."))),  # LongCat-Flash: Qwen3.5's
+}  # equations, its own embedding, an MLA + dense block
 STORED = "nextn."  # the prefix of the layer's tensors in `mlx-spec convert` output (mtp.safetensors)
 
 compat.drop_nextn_layers()  # before any DeepSeek-V3 checkpoint is loaded: mlx-lm drops depth 61 only
@@ -141,6 +163,8 @@ class NextN(nn.Module):
         self.shared_norm = nn.RMSNorm(h, eps=eps)
         if self.family.head:
             self.head = nn.Linear(h, self.args.vocab_size, bias=False)
+        if self.family.embedding:
+            self.embed = nn.Embedding(self.args.vocab_size, h)
 
     def __call__(self, embeddings: mx.array, hidden: mx.array, cache: list) -> mx.array:
         """The state fed back for the next draft."""
@@ -167,7 +191,7 @@ def target_state(config: dict) -> str:
 
 
 def prefix(config: dict) -> str:
-    return FAMILIES[config["model_type"]].prefix.format(n=config["num_hidden_layers"])
+    return FAMILIES[config["model_type"]].prefix.format(n=config.get("num_hidden_layers"))
 
 
 def layer_name(config: dict, key: str) -> str | None:
@@ -176,13 +200,15 @@ def layer_name(config: dict, key: str) -> str | None:
     if not key.startswith(where):
         return None
     name = key[len(where):]
-    return name if name.startswith((family.block_prefix, *(f"{own}." for own in family.names))) else None
+    own = (*family.names, *([family.embedding] if family.embedding else []))
+    return name if name.startswith((family.block_prefix, *(f"{theirs}." for theirs in own))) else None
 
 
 def ours(family: Family) -> dict[str, str]:
     """The layer's own tensors' names as published -> as NextN's parameters."""
     names = {**dict(zip(family.names, ("enorm", "hnorm", "eh_proj", "shared_norm"))),
-             **({family.head: "head"} if family.head else {})}
+             **({family.head: "head"} if family.head else {}), **({family.embedding: "embed"} if family.embedding
+                                                                   else {})}
     return {f"{theirs}.weight": f"{mine}.weight" for theirs, mine in names.items()}
 
 
