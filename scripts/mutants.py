@@ -296,7 +296,7 @@ MUTANTS = [
            "(\"mtp_emb_norm.0\", \"mtp_hidden_norm.0\", \"mtp_linear_proj.0\", \"norm\"), \"model.\", block_prefix=\"mtp_block.0.\",\n        copies=(), feeds_normed=True),",
            ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[ernie4_5_moe]",)),
     Mutant("a nextn layer's tensors are every tensor under its prefix", "mlx_spec/models/nextn.py",
-           "    return name if name.startswith((family.block_prefix, *(f\"{own}.\" for own in family.names))) else None",
+           "    return name if name.startswith((family.block_prefix, *(f\"{theirs}.\" for theirs in own))) else None",
            "    return name",
            ("tests/test_nextn.py::test_add_mtp_fetches_only_the_shards_that_hold_the_layer",)),
     Mutant("a sliding-window nextn block attends to everything before it", "mlx_spec/models/nextn.py",
