@@ -1,7 +1,7 @@
-"""Images in Qwen3-VL and Qwen2.5-VL prompts (runners/vision.py): their text models are Qwen3's and Qwen2's, which
-mlx-lm serves, read at M-RoPE positions (Qwen3-VL's interleaved, Qwen2.5-VL's sections in a row) with Qwen3-VL's
-deepstack features added after its first layers; each reads an image prompt as mlx-vlm's own model does and
-decodes it exactly as mlx-vlm's plain greedy generation does."""
+"""Images in Qwen3-VL (dense and MoE) and Qwen2.5-VL prompts (runners/vision.py): their text models are Qwen3's
+(and its MoE) and Qwen2's, which mlx-lm serves, read at M-RoPE positions (Qwen3-VL's interleaved, Qwen2.5-VL's
+sections in a row) with Qwen3-VL's deepstack features added after its first layers; each reads an image prompt as
+mlx-vlm's own model does and decodes it exactly as mlx-vlm's plain greedy generation does."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from test_vision import chat
 
 import mlx_spec
 
-FAMILIES = ["qwen3_vl", "qwen2_5_vl"]
+FAMILIES = ["qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl"]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_a_qwen_vl_image_prompt_scores_as_mlx_vlms_model_does(tiny, references, 
     engine = mlx_spec.load(str(tiny[family]), drafter="off")
     ids, _, prompt_images = engine.encode_chat(chat(images))
     assert ids == inputs["input_ids"][0].tolist() and prompt_images.count == 2
-    assert len(prompt_images.deep) == (2 if family == "qwen3_vl" else 0)
+    assert len(prompt_images.deep) == (0 if family == "qwen2_5_vl" else 2)
     logits = np.array(engine.target.forward_images(ids, 0, len(ids), prompt_images).logits)
     np.testing.assert_allclose(logits, expected, atol=2e-2, rtol=1e-3)
     engine.target.reset()
@@ -65,17 +65,28 @@ def test_a_qwen_vl_image_prompt_scores_as_mlx_vlms_model_does(tiny, references, 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_output_over_qwen_vl_images_is_mlx_vlms_plain_greedy(tiny, references, images, family, drafter):
     """Speculative greedy decoding after an image prompt emits mlx-vlm's plain greedy tokens, with a layer-skip
-    draft model (drafts accepted and rejected), its token trees (two branches a node: their text model verifies a
-    tree in one forward) and n-gram drafting."""
+    draft model (drafts accepted and rejected; the MoE's, whose random experts its skipped layers lack, is never
+    accepted: see the next test), its token trees (two branches a node: their text model verifies a tree in one
+    forward) and n-gram drafting."""
     options = {"draft-model": {"draft_model": str(tiny[f"{family}-draft"])}, "ngram": {"drafter": "ngram"},
                "tree": {"draft_model": str(tiny[f"{family}-draft"]), "tree_width": 2}}[drafter]
     engine = mlx_spec.load(str(tiny[family]), draft_len=3, **options)
     result = mlx_spec.generate(engine, chat(images), max_tokens=40)
     assert result.tokens == reference_greedy(references[family], images, 40)[:len(result.tokens)]
     assert result.stop_reason == "max_tokens" or result.tokens[-1] == 0
-    if drafter == "draft-model":
+    if drafter == "draft-model" and family != "qwen3_vl_moe":
         assert 0 < result.stats.accepted < result.stats.drafted
     assert result.stats.drafted > 0
+
+
+def test_a_qwen3_vl_moe_image_prompt_with_drafts_accepted_and_rejected(tiny, references, images):
+    """Qwen3-VL MoE after an image prompt, drafting a prediction of its own greedy output with an edit in the middle:
+    drafts accepted and rejected, the output mlx-vlm's plain greedy tokens."""
+    expected = reference_greedy(references["qwen3_vl_moe"], images, 40)
+    engine = mlx_spec.load(str(tiny["qwen3_vl_moe"]), drafter="off")
+    edited = expected[:20] + [(t + 1) % 400 for t in expected[20:24]] + expected[24:]
+    result = mlx_spec.generate(engine, chat(images), max_tokens=40, prediction=edited)
+    assert result.tokens == expected[:len(result.tokens)] and 0 < result.stats.accepted < result.stats.drafted
 
 
 def test_qwen3_vl_image_rows_in_a_batch_and_a_returning_turn(tiny, references, images):

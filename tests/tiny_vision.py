@@ -136,6 +136,10 @@ QWEN_VL = {
         "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
         "temporal_patch_size": 2, "spatial_merge_size": 2, "in_channels": 3, "num_position_embeddings": 64,
         "out_hidden_size": 64, "deepstack_visual_indexes": [0, 1]}, "model.language_model.", "model.visual."),
+    "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", {
+        "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
+        "temporal_patch_size": 2, "spatial_merge_size": 2, "in_channels": 3, "num_position_embeddings": 64,
+        "out_hidden_size": 64, "deepstack_visual_indexes": [0, 1]}, "model.language_model.", "model.visual."),
     "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", {
         "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "patch_size": 16,
         "temporal_patch_size": 2, "spatial_merge_size": 2, "in_chans": 3, "window_size": 64,
@@ -153,6 +157,15 @@ def build_qwen_vl(out_dir: str | Path, tokenizer_dir: str | Path, family: str, l
     text = family_config("qwen3", len(vocab), 64, layers)
     text.update(head_dim=16, rope_theta=100.0, tie_word_embeddings=False)
     shapes = family_shapes("qwen3", text)
+    if family == "qwen3_vl_moe":  # every layer's experts, stored fused: gate_up (E, H, 2 I), down (E, I, H)
+        experts, inter = 4, 32
+        text.update(num_experts=experts, num_experts_per_tok=2, moe_intermediate_size=inter, decoder_sparse_step=1,
+                    norm_topk_prob=True, mlp_only_layers=[])
+        shapes = {k: v for k, v in shapes.items() if ".mlp." not in k}
+        for i in range(layers):
+            p = f"model.layers.{i}.mlp."
+            shapes.update({p + "gate.weight": (experts, 64), p + "experts.gate_up_proj": (experts, 64, 2 * inter),
+                           p + "experts.down_proj": (experts, inter, 64)})
     if family == "qwen2_5_vl":  # Qwen2's attention: biases on q, k and v, no q/k norms
         shapes = {k: v for k, v in shapes.items() if "_norm." not in k or "layernorm" in k}
         shapes.update({k.replace(".weight", ".bias"): (v[0],) for k, v in list(shapes.items())

@@ -198,7 +198,7 @@ def frequency_axes(text_config: dict) -> np.ndarray:
     return axes
 
 
-READS = ("qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen2_5_vl", "gemma4")  # the model types whose images mlx-spec reads
+READS = ("qwen3_5", "qwen3_5_moe", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl", "gemma4")  # whose images mlx-spec reads
 READS_SAID = "Qwen 3.5 / 3.6, Qwen3-VL, Qwen2.5-VL and Gemma 4"
 
 

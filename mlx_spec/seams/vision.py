@@ -26,6 +26,7 @@ ENCODERS = {
     "qwen3_5": QWEN_TOWER,
     "qwen3_5_moe": QWEN_TOWER,
     "qwen3_vl": QWEN_TOWER,
+    "qwen3_vl_moe": QWEN_TOWER,
     "qwen2_5_vl": QWEN_TOWER,
     "gemma4": (("model.vision_tower.", "vision_tower."), ("vision_tower.", "vision_tower."),
                ("model.embed_vision.", "embed_vision."), ("embed_vision.", "embed_vision.")),
@@ -158,6 +159,7 @@ TINY = {
 }
 TINY["qwen3_5_moe"] = TINY["qwen3_5"]
 TINY["qwen3_vl"] = ({**TINY["qwen3_5"][0], "deepstack_visual_indexes": [0]}, TINY["qwen3_5"][1])
+TINY["qwen3_vl_moe"] = TINY["qwen3_vl"]
 TINY["qwen2_5_vl"] = ({**TINY["qwen3_5"][0], "window_size": 4, "fullatt_block_indexes": [0]}, TINY["qwen3_5"][1])
 
 
