@@ -54,6 +54,34 @@ def reference_greedy(reference, images: list[str], n: int, text: str | None = No
     return [int(token) for (token, _), _ in zip(steps, range(n))]
 
 
+def returning_turn(engine, images: list[str]) -> tuple:
+    """(the first answer, the second, the second turn's token ids as the engine keeps them) of a chat over
+    `images` whose second turn asks on."""
+    first = mlx_spec.generate(engine, chat(images), max_tokens=10)
+    conversation = chat(images) + [{"role": "assistant", "content": first.text},
+                                   {"role": "user", "content": "and then?"}]
+    ids = engine.encode_chat(conversation)[0]
+    return first, mlx_spec.generate(engine, conversation, max_tokens=10), ids
+
+
+def position_key_sampler(start: int, temperature: float, seed: int):
+    """A sampler for mlx-vlm's generation by mlx-spec's documented rule, written from it: the token at position
+    start, start + 1, ... is Gumbel-max over the target's distribution at `temperature`, with that position's key."""
+    from helpers import numpy_distribution
+
+    from mlx_spec.core.verify import position_keys
+
+    position = [start]
+
+    def draw(logprobs: mx.array) -> mx.array:
+        p = numpy_distribution(np.array(logprobs[0], dtype=np.float64), temperature)
+        noise = np.array(mx.random.gumbel((p.size,), key=position_keys(mx.random.key(seed), position[0], 1)[0]))
+        position[0] += 1
+        with np.errstate(divide="ignore"):
+            return mx.array([int(np.argmax(np.log(p) + noise))])
+    return draw
+
+
 def test_an_image_prompt_scores_as_mlx_vlms_model_does(tiny, reference, images):
     """Every position's logits over a prompt with two images equal mlx-vlm's forward (its vision tower, merged
     embeddings and M-RoPE positions); read as text (image tokens at their token embeddings, positions in a row)
@@ -290,20 +318,10 @@ def test_sampled_output_over_images_draws_what_mlx_vlms_model_draws(tiny, refere
     by the documented rule (each token Gumbel-max from the target's distribution with the key of its position):
     a prediction's drafts are single tokens, so a seed repeats plain sampling's run whatever is drafted (here a
     prediction that is the run itself with an edit in the middle: drafts accepted and rejected)."""
-    from helpers import numpy_distribution
     from mlx_vlm.generate import generate_step
 
-    from mlx_spec.core.verify import position_keys
-
     inputs = reference_inputs(reference, images)
-    position = [inputs["input_ids"].shape[1]]
-
-    def draw(logprobs: mx.array) -> mx.array:
-        p = numpy_distribution(np.array(logprobs[0], dtype=np.float64), temperature)
-        noise = np.array(mx.random.gumbel((p.size,), key=position_keys(mx.random.key(seed), position[0], 1)[0]))
-        position[0] += 1
-        with np.errstate(divide="ignore"):
-            return mx.array([int(np.argmax(np.log(p) + noise))])
+    draw = position_key_sampler(inputs["input_ids"].shape[1], temperature, seed)
 
     steps = generate_step(inputs["input_ids"], reference[0], inputs["pixel_values"], inputs["attention_mask"],
                           image_grid_thw=inputs["image_grid_thw"], sampler=draw, max_tokens=60)

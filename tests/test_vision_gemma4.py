@@ -5,7 +5,7 @@ mlx-vlm's plain greedy generation does."""
 
 import numpy as np
 import pytest
-from test_vision import QUESTION, chat
+from test_vision import QUESTION, chat, position_key_sampler, returning_turn
 
 import mlx_spec
 
@@ -122,11 +122,7 @@ def test_a_returning_gemma4_turn_with_the_same_image_reuses_its_prefix(tiny, ref
     turn runs only its new text), and the answer is mlx-vlm's plain greedy one for the whole conversation (its
     tokens as the engine keeps them: the first answer as generated, not re-encoded)."""
     engine = mlx_spec.load(str(tiny[MODEL]), draft_model=str(tiny[f"{MODEL}-draft"]), draft_len=3)
-    first = mlx_spec.generate(engine, chat(images[:1]), max_tokens=10)
-    conversation = chat(images[:1]) + [{"role": "assistant", "content": first.text},
-                                       {"role": "user", "content": "and then?"}]
-    ids = engine.encode_chat(conversation)[0]
-    second = mlx_spec.generate(engine, conversation, max_tokens=10)
+    first, second, ids = returning_turn(engine, images[:1])
     assert second.stats.reused_prompt_tokens == first.stats.prompt_tokens + len(first.tokens) - 1
     assert second.tokens == reference_greedy(reference, images[:1], 10, ids)[:len(second.tokens)]
 
@@ -135,21 +131,11 @@ def test_sampled_output_over_gemma4_images_draws_what_mlx_vlms_model_draws(tiny,
     """Sampled speculative decoding after a Gemma 4 image prompt draws, token for token, what mlx-vlm's model alone
     draws by the documented rule (each token Gumbel-max from the target's distribution with the key of its
     position), a prediction's drafts accepted and rejected (see test_vision's twin)."""
-    import mlx.core as mx
-    from helpers import numpy_distribution
     from mlx_vlm.generate import generate_step
 
-    from mlx_spec.core.verify import position_keys
-
     inputs = reference_inputs(reference, chat(images), images)
-    position, temperature, seed = [inputs["input_ids"].shape[1]], 0.7, 3
-
-    def draw(logprobs: mx.array) -> mx.array:
-        p = numpy_distribution(np.array(logprobs[0], dtype=np.float64), temperature)
-        noise = np.array(mx.random.gumbel((p.size,), key=position_keys(mx.random.key(seed), position[0], 1)[0]))
-        position[0] += 1
-        with np.errstate(divide="ignore"):
-            return mx.array([int(np.argmax(np.log(p) + noise))])
+    temperature, seed = 0.7, 3
+    draw = position_key_sampler(inputs["input_ids"].shape[1], temperature, seed)
 
     steps = generate_step(inputs["input_ids"], reference[0], inputs["pixel_values"], None,
                           mm_token_type_ids=inputs["mm_token_type_ids"], sampler=draw, max_tokens=60)

@@ -5,7 +5,7 @@ mlx-vlm's own model does and decodes it exactly as mlx-vlm's plain greedy genera
 
 import numpy as np
 import pytest
-from test_vision import chat
+from test_vision import chat, returning_turn
 
 import mlx_spec
 
@@ -102,11 +102,7 @@ def test_qwen3_vl_image_rows_in_a_batch_and_a_returning_turn(tiny, references, i
                                         batch_size=2))
     for i in (0, 1):
         assert results[i].tokens == reference_greedy(reference, images[i:i + 1], 24)[:len(results[i].tokens)]
-    first = mlx_spec.generate(engine, chat(images[:1]), max_tokens=10)
-    conversation = chat(images[:1]) + [{"role": "assistant", "content": first.text},
-                                       {"role": "user", "content": "and then?"}]
-    ids = engine.encode_chat(conversation)[0]
-    second = mlx_spec.generate(engine, conversation, max_tokens=10)
+    first, second, ids = returning_turn(engine, images[:1])
     assert second.stats.reused_prompt_tokens == first.stats.prompt_tokens + len(first.tokens) - 1
     assert second.tokens == reference_greedy(reference, images[:1], 10, ids)[:len(second.tokens)]
 
