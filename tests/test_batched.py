@@ -43,7 +43,8 @@ def jobs_for(engine, sampled: bool = False) -> list[Job]:
     ("qwen3_5", "off", None, 0), ("gemma3", "off", None, 0),  # plain steps run ahead, sampled rows too
     ("qwen3", "draft-model", "qwen3-dflash", 3), ("qwen3_5", "draft-model", "qwen3_5-dspark", 2),  # blocks
     ("qwen3", "suffix", None, None), ("gemma3", "suffix", None, None),  # drafts from earlier rows: greedy only
-    ("deepseek_v32", "mtp", None, 2), ("glm_moe_dsa", "ngram", None, None)])  # sparse attention (CacheLists)
+    ("deepseek_v32", "mtp", None, 2), ("glm_moe_dsa", "ngram", None, None),  # sparse attention (CacheLists)
+    ("nemotron_h", "draft-model", "nemotron_h-draft", None), ("nemotron_h", "draft-model", "nemotron_h-draft", 3)])
 def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_len):
     """Greedy rows equal mlx-lm's plain decoding; sampled rows (pinned draft lengths) with one-hot drafts (n-gram,
     none) equal plain sampling with their own seeds, token for token: each row's keys and verdicts are its own.
@@ -257,8 +258,9 @@ def alone_logits(model, tokens: list[int]) -> mx.array:
     return model(mx.array([tokens]), cache=make_prompt_cache(model))[0, -1]
 
 
-@pytest.mark.parametrize("family,together", [  # full attention, Gated DeltaNet, sliding window
-    ("qwen3", False), ("qwen3_5", False), ("gemma3", False), ("qwen3", True), ("gemma3", True)])
+@pytest.mark.parametrize("family,together", [  # full attention, Gated DeltaNet, sliding window, Mamba 2
+    ("qwen3", False), ("qwen3_5", False), ("gemma3", False), ("nemotron_h", False), ("qwen3", True),
+    ("gemma3", True)])
 def test_one_rows_rollback_leaves_the_others_untouched(tiny, family, together):
     """A batch of three prompts (prefilled apart, or `together`: padded to the longest, the way prompts that join
     while no row decodes are); each round every row feeds drafts of its own length and keeps its own count
@@ -268,7 +270,7 @@ def test_one_rows_rollback_leaves_the_others_untouched(tiny, family, together):
     model, _ = load(str(tiny[family]))
     # the recurrence over several inputs is mlx-lm's step by step in another form, equal to float32 rounding: logits
     # of size ~15 differ by up to 2.3e-3, as in the one-sequence engine; a state off by one input moves them by 15-20
-    atol = 2e-2 if family == "qwen3_5" else 1e-4
+    atol = 2e-2 if family in ("qwen3_5", "nemotron_h") else 1e-4
     rng = np.random.default_rng(0)
     rows = [[int(t) for t in rng.integers(0, 500, n)] for n in (5, 17, 2)]
     batch = RaggedBatch(model)
@@ -329,14 +331,17 @@ def test_sampled_batches_follow_the_target(tiny):
 
 
 def test_every_drafter_batches_and_caches_that_cannot_are_refused(tiny):
-    from mlx_lm.models import mamba
+    from mlx_lm.models import llama4
 
     from mlx_spec.decode.batched import batch_problem
 
-    model = mamba.Model(mamba.ModelArgs(model_type="mamba", vocab_size=16, hidden_size=8, intermediate_size=16,
-                                        state_size=4, num_hidden_layers=1, conv_kernel=2, use_bias=False,
-                                        use_conv_bias=True, time_step_rank=2))
-    assert "caches are not batched yet" in batch_problem(model)
+    model = llama4.Model(llama4.ModelArgs(model_type="llama4", text_config=dict(  # chunked attention
+        attention_bias=False, attention_chunk_size=4, head_dim=4, hidden_size=8, interleave_moe_layer_step=2,
+        intermediate_size=16, intermediate_size_mlp=16, max_position_embeddings=64, model_type="llama4_text",
+        num_attention_heads=2, num_experts_per_tok=1, num_hidden_layers=1, num_key_value_heads=1,
+        num_local_experts=2, rms_norm_eps=1e-5, rope_scaling=None, rope_theta=1e4, use_qk_norm=False,
+        vocab_size=16)))
+    assert "its ChunkedKVCache caches are not batched yet" in batch_problem(model)
     with pytest.raises(SpecError, match="use a batch size of 1"):
         BatchedDecoder(model, None)
     for name in ("ngram", "lookahead", "suffix"):

@@ -11,7 +11,7 @@ from mlx_spec.decode.engine import Engine
 from mlx_spec.loading import DEMO
 from mlx_spec.runners.target import Target
 
-FAMILIES = ["qwen3", "llama", "gemma3", "qwen3_5"]  # qwen3_5: hybrid Gated DeltaNet + attention
+FAMILIES = ["qwen3", "llama", "gemma3", "qwen3_5", "nemotron_h"]  # hybrids: Gated DeltaNet, Mamba 2
 MAX_TOKENS = 160  # ten times the Gemma sliding window (16)
 
 

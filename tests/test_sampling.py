@@ -73,7 +73,8 @@ def first_candidates(draft) -> list[int]:
                                                   ("qwen3", "draft-model", "qwen3-eagle3"),
                                                   ("gemma4", "draft-model", "gemma4-assistant-trained"),
                                                   ("qwen3", "draft-model", "qwen3-dflash"),
-                                                  ("qwen3_5", "draft-model", "qwen3_5-dspark")])
+                                                  ("qwen3_5", "draft-model", "qwen3_5-dspark"),
+                                                  ("nemotron_h", "draft-model", "nemotron_h-draft")])
 def test_sampled_sequences_follow_the_target(tiny, family, drafter, draft):
     """Three sampled tokens (T=1, top-k 2): the 8 possible sequences appear as often as the target alone
     would produce them, computed exactly from full-prefix forwards."""

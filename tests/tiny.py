@@ -350,7 +350,7 @@ def build_layer_skip_draft(out_dir: str | Path, target_dir: str | Path, keep_lay
     rng = np.random.default_rng(seed)
     weights = {}
     for name, w in load_file(str(target_dir / "model.safetensors")).items():
-        layer = re.match(r"model\.(?:language_model\.)?layers\.(\d+)\.", name)
+        layer = re.match(r"(?:model|backbone)\.(?:language_model\.)?layers\.(\d+)\.", name)  # Nemotron-H: backbone
         if layer and int(layer.group(1)) >= keep_layers:
             continue
         weights[name] = (w + noise * rng.standard_normal(w.shape) * w.std()).astype(np.float32)
@@ -365,6 +365,8 @@ def build_layer_skip_draft(out_dir: str | Path, target_dir: str | Path, keep_lay
                 weights[name] = np.ascontiguousarray(weights[name][:width])
         text["num_kv_shared_layers"] = max(0, keep_layers - first_shared)
     text["num_hidden_layers"] = keep_layers
+    if "hybrid_override_pattern" in text:  # Nemotron-H: one letter a layer
+        text["hybrid_override_pattern"] = text["hybrid_override_pattern"][:keep_layers]
     if "layer_types" in text:
         text["layer_types"] = text["layer_types"][:keep_layers]
     return write_checkpoint(Path(out_dir), cfg, weights, target_dir)

@@ -8,12 +8,12 @@ by the next forward. Holes are squeezed out when the buffers would otherwise gro
 (`select`) and join (`join`, after their prompt ran in a batch of their own) between forwards.
 
 Sliding-window layers hold every column too (their memory grows as full attention's does): the mask they ask
-for (`window_size`) hides, per row, what lies beyond the window of each query's own position. Gated DeltaNet
-layers (Qwen3.5 / 3.6, Qwen3-Next) keep one recurrent state per row (`caches.RecurrentCache`): while a round is
-marked they keep the state after every input, each row knows which kept state follows each of its real inputs,
-and `keep` gives each row the state after its last kept input. Padding runs through the recurrence only after
-a row's real inputs; before the next forward of the round each row is set back to the state after its last real
-input. Other cache types: `RaggedBatch.problem` says why they cannot be batched.
+for (`window_size`) hides, per row, what lies beyond the window of each query's own position. Recurrent layers
+(Qwen3.5 / 3.6's Gated DeltaNet, Mamba 2, linear attention: models/recurrence.py) keep one recurrent state per row
+(`caches.RecurrentCache`): while a round is marked they keep the state after every input, each row knows which
+kept state follows each of its real inputs, and `keep` gives each row the state after its last kept input. Padding
+runs through the recurrence only after a row's real inputs; before the next forward of the round each row is set
+back to the state after its last real input. Other cache types: `RaggedBatch.problem` says why they cannot be batched.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import functools
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_map
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from mlx_lm.models import gemma3_text, llama
 from mlx_lm.models.cache import (
     ArraysCache,
@@ -34,7 +34,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from ..models import qwen3_5
+from ..models import recurrence
 from ..seams import compat
 from ..seams.caches import RecurrentCache, check_trees, layers_of
 from .target import hidden_from, next_piece
@@ -105,7 +105,7 @@ class RaggedBatch:
         """An empty cache for `rows` rows; `kv_bits`: full-attention keys and values quantized (as `--kv-bits`
         quantizes them alone; sliding-window layers stay float)."""
         self.model = model
-        qwen3_5.install(model)  # Gated DeltaNet layers that keep per-position states (no-op for other models)
+        recurrence.install(model)  # recurrent layers that can be rolled back (no-op for other models)
         def ours(cache):
             if isinstance(cache, ArraysCache):
                 return RecurrentCache(len(cache.cache))
@@ -200,9 +200,7 @@ class RaggedBatch:
     def problem(model) -> str | None:
         """Why this model's caches cannot be batched here (None when they can)."""
         kinds = {type(c).__name__ for c in layers_of(make_prompt_cache(model))
-                 if type(c) not in (KVCache, RotatingKVCache)}
-        if kinds == {"ArraysCache"} and qwen3_5.install(model):  # Gated DeltaNet layers
-            return None
+                 if type(c) not in (KVCache, RotatingKVCache, ArraysCache)}  # recurrent layers: `recurrence`
         return f"its {', '.join(sorted(kinds))} caches are not batched yet" if kinds else None
 
     @staticmethod
@@ -316,14 +314,15 @@ class RaggedBatch:
         self.valid = self.valid[:, :end]
 
     def _set_recurrent(self, saved: list[int]) -> None:
-        """Give row i of every recurrent layer the state it kept at saved[i]."""
+        """Give row i of every recurrent layer the arrays it kept at saved[i]."""
         for cache in self.recurrent:
+            kept = [cache.kept(index) for index in saved]
             if len(set(saved)) == 1:
-                cache.cache[0], cache.cache[1] = cache.saved[saved[0]]
+                cache.cache = list(kept[0])
             else:
-                cache.cache[0], cache.cache[1] = (mx.concatenate([cache.saved[index][part][row:row + 1]
-                                                                  for row, index in enumerate(saved)])
-                                                  for part in (0, 1))
+                cache.cache = [None if parts[0] is None else mx.concatenate([part[row:row + 1] for row, part
+                                                                             in enumerate(parts)])
+                               for parts in zip(*kept)]
 
     def _resume_recurrent(self) -> None:
         """Before a forward within a round: a row padded by the last forward goes back to its state after its last
@@ -333,7 +332,7 @@ class RaggedBatch:
             return
         self._set_recurrent([states[-1] for states in self.states])
         for cache in self.recurrent:
-            cache.saved.append((cache.cache[0], cache.cache[1]))
+            cache.saved.append(tuple(cache.cache))
 
     def forget(self, row: int) -> None:
         """Row `row` holds nothing from now on: its columns become holes (attention layers only)."""
@@ -432,16 +431,26 @@ def check_batches() -> None:
     shorter than the rows."""
     tiny = dict(num_hidden_layers=1, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
                 rms_norm_eps=1e-6, vocab_size=8)
-    if not _rows_match(llama.Model(compat.decoder_args("llama", dict(hidden_size=16, **tiny)))):
+    if not _rows_match(_drawn(llama.Model(compat.decoder_args("llama", dict(hidden_size=16, **tiny))))):
         raise compat.broken("batched attention (rotary embeddings with one offset per row, or masks from "
                             "cache.make_mask)")
-    if not _rows_match(llama.Model(compat.decoder_args("llama", dict(hidden_size=64, **tiny))), kv_bits=8):
+    if not _rows_match(_drawn(llama.Model(compat.decoder_args("llama", dict(hidden_size=64, **tiny)))), kv_bits=8):
         raise compat.broken("quantized attention in batches (a cache with `bits` attended to as a QuantizedKVCache)")
-    gemma = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(dict(
+    gemma = _drawn(gemma3_text.Model(gemma3_text.ModelArgs.from_dict(dict(
         model_type="gemma3_text", hidden_size=16, num_hidden_layers=2, intermediate_size=32, num_attention_heads=2,
-        head_dim=8, vocab_size=8, query_pre_attn_scalar=8, sliding_window=2, sliding_window_pattern=2)))
+        head_dim=8, vocab_size=8, query_pre_attn_scalar=8, sliding_window=2, sliding_window_pattern=2))))
     if not _rows_match(gemma):
         raise compat.broken("sliding-window attention in batches (the window no longer passed to cache.make_mask)")
+
+
+def _drawn(model, seed: int = 0):
+    """`model` with its matrices drawn from `seed` rather than MLX's global stream (which the caller's draws move):
+    the same tiny model, and the same rounding, at every first use."""
+    matrices = [(name, p) for name, p in tree_flatten(model.parameters()) if p.ndim == 2]
+    keys = mx.random.split(mx.random.key(seed), len(matrices))
+    model.update(tree_unflatten([(name, mx.random.uniform(-1, 1, p.shape, key=key) / p.shape[-1] ** 0.5)
+                                 for (name, p), key in zip(matrices, keys)]))
+    return model
 
 
 def _rows_match(model, kv_bits: int | None = None) -> bool:

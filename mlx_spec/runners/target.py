@@ -9,7 +9,7 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from ..models import qwen3_5
+from ..models import recurrence
 from ..seams import compat
 from ..seams.caches import (
     RecurrentCache,
@@ -119,7 +119,7 @@ class Target:
         compat.check()
         self.model = model
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
-        self.recurrent = qwen3_5.install(model)
+        self.recurrent = recurrence.install(model)
         self.read_hidden = hidden_reader(model, hidden) if hidden else None
         # a prefill returns them for its last `hidden_tail` positions only (None: all), what the drafter reads
         # (its `hidden_tail`): the final norm's make the last layer run in full where they are read

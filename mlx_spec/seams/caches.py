@@ -117,38 +117,51 @@ class TreeRotatingKVCache(TreeMask, RotatingKVCache):
 
 
 class RecurrentCache(ArraysCache):
-    """A Gated DeltaNet cache ([0] conv window, [1] recurrent state) that can be rolled back.
+    """A recurrent layer's cache (mlx-lm's `ArraysCache`: Gated DeltaNet's [conv window, state], or another
+    family's arrays) that can be rolled back.
 
-    While `capture` is on it keeps (conv window, state) after every position processed since the last
-    `release`: single-token steps through mlx-lm's own layer are recorded as the layer stores its state, and a
-    capturing layer records every position of a multi-token forward. Rolling back n positions restores the
-    n-th most recent entry; nothing is recomputed."""
+    While `capture` is on it keeps what it holds after every position processed since the last `release`, each
+    entry a tuple of its arrays or, for a position inside a multi-token forward of a replaying layer
+    (models/recurrence.py), the call that computes them (`kept` makes it once). Single-token steps through
+    mlx-lm's Gated DeltaNet are recorded as the layer stores its state, and a capturing one records every position
+    of a multi-token forward. Rolling back n positions restores the n-th most recent entry."""
 
     def __init__(self, size: int = 2):
         super().__init__(size)
         self.capture = False
-        self.saved = [(None, None)]  # saved[0]: the state at the last release
+        self.saved = [(None,) * size]  # saved[0]: the arrays at the last release
 
     def __setitem__(self, idx, value):
         super().__setitem__(idx, value)
-        if idx == 1 and self.capture:  # a single-token step has finished
-            self.saved.append((self.cache[0], value))
+        if idx == 1 and self.capture:  # a Gated DeltaNet single-token step has finished
+            self.saved.append(tuple(self.cache))
 
     def record(self, conv_input: mx.array, states: list[mx.array]) -> None:
-        """Store a multi-token forward: conv inputs (B, K-1+S, C) and the state after each of its S positions."""
+        """Store a Gated DeltaNet multi-token forward: conv inputs (B, K-1+S, C) and the state after each of its
+        S positions."""
         width = conv_input.shape[1] - len(states)
         self.saved += [(conv_input[:, j + 1:j + 1 + width, :], state) for j, state in enumerate(states)]
         self.cache[0], self.cache[1] = self.saved[-1]
 
+    def replayed(self, n: int, replay) -> None:
+        """Store a replaying layer's forward of n positions: replay(m) gives the arrays after its first m."""
+        self.saved += [functools.partial(replay, m) for m in range(1, n)] + [tuple(self.cache)]
+
+    def kept(self, i: int) -> tuple:
+        """The arrays held after saved position i."""
+        if callable(self.saved[i]):
+            self.saved[i] = self.saved[i]()
+        return self.saved[i]
+
     def rollback(self, n: int) -> None:
         if n >= len(self.saved):
             raise SpecError(f"cannot roll back {n} positions of a recurrent state that kept {len(self.saved) - 1}")
-        self.cache[0], self.cache[1] = self.saved[-1 - n]
+        self.cache = list(self.kept(-1 - n))
         self.release()
 
     def release(self) -> None:
         """Forget the kept states; the current one becomes the point to roll back to."""
-        self.saved = [(self.cache[0], self.cache[1])]
+        self.saved = [tuple(self.cache)]
 
 
 ROLLBACK_TYPES = (KVCache, QuantizedKVCache, RotatingKVCache, RecurrentCache)

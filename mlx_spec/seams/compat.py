@@ -8,6 +8,9 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
   attributes and the bias-free depthwise conv of mlx-lm's GDN layers that the capturing layers in
   `models/qwen3_5.py` reimplement;
 - swapping the class of a model's final norm and GDN layers (`swap_class`), found at `model.model.norm`;
+- any other recurrent layer (`models/recurrence.py`): the innermost module handed an `ArraysCache`, its call taking
+  the input first, then `cache` (and `mask`, None outside mlx-lm's own left-padded batches), and leaving in the
+  cache all it needs to go on (the tests roll back Nemotron-H's Mamba 2 layers against mlx-lm step by step);
 - the Gemma 4 `DecoderLayer` call `(x, mask, cache, per_layer_input, shared_kv=, offset=) -> (h, kv, offset)`;
 - a model calling its decoder layers in order, each returning its output (`added_to_layers`, Qwen3-VL's deepstack);
 - Gemma 4 given `input_embeddings` beside its ids: it multiplies them by its `embed_scale` (`input_scale`) and reads
