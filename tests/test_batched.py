@@ -87,6 +87,7 @@ def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_
     ("mimo_v2_flash", {"drafter": "mtp"}),  # a sliding-window layer, its cache a window's
     ("step3p5", {"drafter": "mtp"}),  # its own head, zero-centred norms
     ("longcat_flash", {"drafter": "mtp"}),  # its own embedding, over a target of two MLA sublayers a layer
+    ("bailing_hybrid", {"drafter": "mtp"}),  # over a target whose gated linear attention layers replay to roll back
     ("qwen3", {"draft_model": "qwen3-eagle3"}),  # an EAGLE-3 head, chains
     ("qwen3", {"draft_model": "qwen3-medusa"}),  # Medusa heads, chains
     ("qwen3", {"draft_model": "qwen3-draft", "kv_bits": 8, "kv_group_size": 32}),  # quantized KV, target and draft

@@ -5,7 +5,7 @@ import pytest
 from mlx_lm.models import cache as mlx_lm_cache
 from mlx_lm.models import qwen3_5
 
-from mlx_spec.seams import compat
+from mlx_spec.seams import compat, layout
 from mlx_spec.seams.errors import SpecError
 
 
@@ -43,4 +43,4 @@ def test_a_model_without_the_usual_final_norm_is_named():
     class Odd:
         model = object()
     with pytest.raises(SpecError, match="final norm"):
-        compat.final_norm(Odd())
+        layout.final_norm(Odd())

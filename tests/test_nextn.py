@@ -2,8 +2,9 @@
 + MoE), GLM-4.7-Flash (MLA + GLM's MoE), MiMo-7B (Qwen2's block, Qwen3.5's equations), K-EXAONE (Qwen3.5's names and
 equations, a dense global-attention block), ERNIE 4.5 MoE (its tensors beside the target's, scored through the
 target's final norm), MiMo-V2-Flash (a sliding-window block with attention sinks), Step 3.5 Flash (its own head,
-zero-centred norms) and LongCat-Flash (its own embedding, an MLA + dense block under `model.mtp.*`): the layer against a NumPy transcription of each family's equations, exact drafting with
-rollbacks of every cache, convert keeping and grafting the layer, refusals."""
+zero-centred norms), LongCat-Flash (its own embedding, an MLA + dense block under `model.mtp.*`) and Ling 2.5 (an MLA +
+MoE block over a target with gated linear attention layers): the layer against a NumPy transcription of each family's
+equations, exact drafting with rollbacks of every cache, convert keeping and grafting the layer, refusals."""
 
 import importlib
 import json
@@ -55,8 +56,11 @@ REFERENCE = {
     # fed back and scored by the target's lm_head
     "longcat_flash": ("model.mtp.", ("layers.0.enorm.m", "layers.0.hnorm.m", "layers.0.eh_proj", "norm"), False, True,
                       False),
+    # vLLM's BailingMoeV25MultiTokenPredictorLayer: final_layernorm(h + res) fed back, scored by the target's lm_head
+    "bailing_hybrid": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "final_layernorm"), False, True, False),
 }
-OWN_EMBEDDING = {"longcat_flash": "model.mtp.embed_tokens.weight"}  # embeds the drafted token with this
+# the embedding the drafted token is read from, where not the target's model.embed_tokens: LongCat's own, Ling's
+EMBEDDING = {"longcat_flash": "model.mtp.embed_tokens.weight", "bailing_hybrid": "model.word_embeddings.weight"}
 ZERO_CENTRED = {"step3p5"}  # its norms compute x * (1 + w)
 OWN_HEAD = {"step3p5": "transformer.shared_head.output"}  # scores with this, not the target's lm_head
 BLOCKS = {
@@ -146,7 +150,7 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
     hidden = np.array(target_states(target, ids) if pre else target.model(mx.array(ids)[None])[0])
 
     def rows(tokens: list[int], hidden: np.ndarray) -> np.ndarray:
-        embedding = raw[OWN_EMBEDDING.get(family, "model.embed_tokens.weight")]
+        embedding = raw[EMBEDDING.get(family, "model.embed_tokens.weight")]
         parts = [rms(embedding[tokens], embedding_norm), rms(hidden, hidden_norm)]
         return np.concatenate(parts[::-1] if hidden_first else parts, -1) @ proj.T
 
@@ -195,8 +199,10 @@ def test_nextn_drafting_is_exact(tiny, family):
 
 
 # the layer past the last, in its own list, beside the target's tensors (its output norm the target's), with
-# zero-centred norms (shifted once, on conversion), and under its own prefix with its own embedding
-@pytest.mark.parametrize("family", ["deepseek_v3", "mimo", "ernie4_5_moe", "step3p5", "longcat_flash"])
+# zero-centred norms (shifted once, on conversion), under its own prefix with its own embedding, and over a target
+# whose recurrent layers roll back by replaying (Ling 2.5)
+@pytest.mark.parametrize("family", ["deepseek_v3", "mimo", "ernie4_5_moe", "step3p5", "longcat_flash",
+                                    "bailing_hybrid"])
 def test_convert_keeps_and_grafts_the_nextn_layer(tiny, tmp_path, family):
     from mlx_lm.convert import convert
 

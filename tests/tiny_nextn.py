@@ -1,7 +1,8 @@
 """Tiny checkpoints in the Hugging Face layout of each nextn family (DeepSeek-V3: MLA + MoE; DeepSeek-V3.2 and
 GLM-5: MLA with a sparse attention's indexer + MoE; GLM-4.5: GQA + MoE; GLM-4.7-Flash: MLA + GLM's MoE; MiMo-7B;
 K-EXAONE; ERNIE 4.5 MoE; MiMo-V2-Flash; Step 3.5 Flash; LongCat-Flash: two MLA sublayers a layer, zero-computation
-experts), each with its MTP layer under the names its publisher uses (DeepSeek's and GLM's as
+experts; Ling 2.5: gated linear attention layers between MLA ones), each with its MTP layer under the names its
+publisher uses (DeepSeek's and GLM's as
 `model.layers.{num_hidden_layers}.*`, copies of the embedding and output head included)."""
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from tiny import write_checkpoint
 
 from mlx_spec.models.nextn import FAMILIES, prefix
 
-NEXTN_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe", "ernie4_5_moe", "mimo_v2_flash",
-                  "step3p5", "longcat_flash")
+NEXTN_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe",
+                  "ernie4_5_moe", "mimo_v2_flash", "step3p5", "longcat_flash", "bailing_hybrid")
 MLA = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "longcat_flash")  # compressed keys and values
+EMBEDDING = {"bailing_hybrid": "model.word_embeddings.weight"}  # the target's token embedding, where not embed_tokens
 SPARSE = {"index_n_heads": 4, "index_head_dim": 16, "index_topk": 8}  # DeepSeek's sparse attention: an indexer
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
        "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
@@ -105,6 +107,16 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
                 "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
                 "qk_nope_head_dim": 16, "v_head_dim": 16, "mla_scale_q_lora": True, "mla_scale_kv_lora": True,
                 "attention_method": "MLA", "norm_topk_prob": False, "router_bias": False, "rope_scaling": None}
+    if family == "bailing_hybrid":  # Ling / Ring 2.5's keys: a gated linear attention layer, then an MLA one, ...
+        return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["BailingMoeV2_5ForCausalLM"],
+                "model_type": "bailing_hybrid", "num_hidden_layers": 4, "layer_group_size": 2, "group_norm_size": 4,
+                "num_key_value_heads": 4, "head_dim": 16, "q_lora_rank": 48, "kv_lora_rank": 32,
+                "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "partial_rotary_factor": 0.5,
+                "rope_interleave": True, "rope_scaling": None, "use_qk_norm": True, "use_qkv_bias": False,
+                "use_bias": False, "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1,
+                "moe_intermediate_size": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+                "routed_scaling_factor": 2.5, "score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+                "norm_topk_prob": True, "pad_token_id": 0}
     return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_key_value_heads": 2,
             "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True,
             "rope_scaling": None, "n_group": 1}
@@ -140,6 +152,8 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
     """One decoder layer's tensors under the prefix `p`."""
     if cfg["model_type"] == "longcat_flash":
         return longcat_layer_shapes(cfg, p)
+    if cfg["model_type"] == "bailing_hybrid":
+        return bailing_layer_shapes(cfg, p)
     if cfg["model_type"] == "exaone_moe":
         return exaone_layer_shapes(cfg, p, moe)
     if cfg["model_type"] == "ernie4_5_moe":
@@ -204,6 +218,30 @@ def longcat_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
                        **swiglu(p + f"mlps.{i}", h, cfg["ffn_hidden_size"])})
     for e in range(cfg["n_routed_experts"]):
         shapes.update(swiglu(p + f"mlp.experts.{e}", h, cfg["expert_ffn_hidden_size"]))
+    return shapes
+
+
+def bailing_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
+    """Ling 2.5's layer as inclusionAI publishes it: mlx-lm's layer (at its index: gated linear attention or MLA, dense
+    or experts), each expert on its own, the router's weight as `gate.weight`, the MLA's key and value projection
+    whole (`kv_b_proj`)."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import bailing_hybrid
+
+    args = bailing_hybrid.ModelArgs.from_dict(cfg)
+    layer = bailing_hybrid.DecoderLayer(args, layer_idx=int(p.rsplit(".", 2)[-2]))
+    shapes, heads = {}, cfg["num_attention_heads"]
+    for name, value in tree_flatten(layer.parameters()):
+        if ".switch_mlp." in name:
+            for e in range(value.shape[0]):
+                shapes[p + name.replace(".switch_mlp.", f".experts.{e}.")] = value.shape[1:]
+        elif name.endswith("unembed_out.weight"):
+            continue
+        elif name.endswith("embed_q.weight"):
+            shapes[p + "attention.kv_b_proj.weight"] = (heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]),
+                                                        cfg["kv_lora_rank"])
+        else:
+            shapes[p + name.replace("gate.gate_proj.", "gate.")] = value.shape
     return shapes
 
 
@@ -292,7 +330,8 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     scaled by their fan-in, the output heads and embedding by 0.5."""
     rng = np.random.default_rng(seed)
     h, v, n = cfg["hidden_size"], cfg["vocab_size"], depth(cfg)
-    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    embed = EMBEDDING.get(cfg["model_type"], "model.embed_tokens.weight")
+    shapes = {embed: (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
     for i in range(n):
         shapes.update(layer_shapes(cfg, f"model.layers.{i}.", moe=is_moe(cfg, i)))
     family, p = FAMILIES[cfg["model_type"]], prefix(cfg)
@@ -307,13 +346,13 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
             weights[name] = (float(not family.zero_centred) + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         elif len(shape) == 1:
             weights[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
-        elif name in ("model.embed_tokens.weight", "lm_head.weight", f"{p}{family.head}.weight",
+        elif name in (embed, "lm_head.weight", f"{p}{family.head}.weight",
                       f"{p}{family.embedding}.weight"):
             weights[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
         else:
             weights[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
     if family.copies:  # DeepSeek and GLM store copies of the embedding and head
-        weights[p + "embed_tokens.weight"] = weights["model.embed_tokens.weight"]
+        weights[p + "embed_tokens.weight"] = weights[embed]
         weights[p + "shared_head.head.weight"] = weights["lm_head.weight"]
     return weights
 
@@ -341,13 +380,14 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
     from tiny_heads import fit, greedy_continuations
 
     from mlx_spec.models.nextn import load_nextn, ours
+    from mlx_spec.seams import layout
 
     mx.random.seed(seed)
     target, cfg = load_model(checkpoint)
     nextn = load_nextn(checkpoint, cfg, [checkpoint / "model.safetensors"])
     nextn.layers[0].freeze()
     family, p = FAMILIES[cfg["model_type"]], prefix(cfg)
-    embed = nextn.embed if family.embedding else target.model.embed_tokens
+    embed = nextn.embed if family.embedding else layout.input_embedding(target)
     if family.embedding:  # its own embedding stays as drawn
         nextn.embed.freeze()
     own = {theirs: mine for theirs, mine in ours(family).items()

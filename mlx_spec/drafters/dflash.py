@@ -28,7 +28,7 @@ from ..models.dflash import read_config as block_config
 from ..runners.checkpoint import check_memory, vocab_size
 from ..runners.context_rows import ContextRows
 from ..runners.target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
-from ..seams import compat
+from ..seams import layout
 from ..seams.caches import restore, snapshot, snapshot_of
 from ..seams.errors import SpecError
 from .protocol import (
@@ -114,8 +114,8 @@ class BlockDrafter(Drafter):
         layers (`features`)."""
         self.model = self.weights = model
         self.name, self.target_model = model.config["kind"], target_model
-        self.embed = model.embed_tokens if "embed_tokens" in model else compat.input_embedding(target_model)
-        self.head = model.lm_head if "lm_head" in model else compat.output_head(target_model)
+        self.embed = model.embed_tokens if "embed_tokens" in model else layout.input_embedding(target_model)
+        self.head = model.lm_head if "lm_head" in model else layout.output_head(target_model)
         self.caches, self.pending, self.start = model.make_cache(), [], 0  # start: the next feature's position
         self.blocks, self.block_drafts, self.confidence = 0, 0, []  # this generation's, for `report`
 

@@ -15,7 +15,7 @@ from ..core.sampling import SamplingParams
 from ..models.eagle3 import Eagle3, feature_layers, is_eagle3, load_eagle3
 from ..models.eagle3 import read_config as eagle3_config
 from ..runners.checkpoint import check_memory, vocab_size
-from ..seams import compat
+from ..seams import compat, layout
 from ..seams.caches import tree_forward
 from ..seams.errors import SpecError
 from .protocol import BatchDrafter, Draft, Kind, Pairing, RowDrafters, grow_tree
@@ -28,7 +28,7 @@ class Eagle3Drafter(MTPDrafter):
 
     def __init__(self, head: Eagle3, target_model):
         """The target must be run with `Target(..., hidden=feature_layers(...))`."""
-        embed = head.embed_tokens if "embed_tokens" in head else compat.input_embedding(target_model)
+        embed = head.embed_tokens if "embed_tokens" in head else layout.input_embedding(target_model)
         super().__init__(head, embed, head.logits)
         compat.positioned_ropes(head)  # tree levels put several nodes at one position
         self.width, self.target_model = 1, target_model

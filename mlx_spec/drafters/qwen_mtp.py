@@ -22,7 +22,7 @@ from ..models.nextn import check_supported, is_nextn, load_nextn, target_state
 from ..models.qwen3_5 import checkpoint_files, lm_head, load_mtp, text_model
 from ..runners.ragged import RaggedBatch
 from ..runners.target import MAX_DRAFT_LEN, PREFILL_CHUNK, Step
-from ..seams import compat
+from ..seams import layout
 from ..seams.caches import make_caches, restore, rollback, snapshot
 from ..seams.errors import SpecError
 from .protocol import (
@@ -242,15 +242,15 @@ def check_head(pairing: Pairing) -> None:
 def build_head(pairing: Pairing, runner) -> MTPDrafter:
     target = pairing.target
     head = load_head(pairing.head_path, pairing.head_config, target.model, target.config)
-    return MTPDrafter(head, compat.input_embedding(target.model), head.logits)
+    return MTPDrafter(head, layout.input_embedding(target.model), head.logits)
 
 
 def build_nextn(pairing: Pairing, runner) -> MTPDrafter:
     target = pairing.target
     check_supported(target.config, target.path)
     nextn = load_nextn(target.path, target.config, checkpoint_files(target.path))
-    head = nextn.head if nextn.family.head else compat.output_head(target.model)
-    embed = nextn.embed if nextn.family.embedding else compat.input_embedding(target.model)
+    head = nextn.head if nextn.family.head else layout.output_head(target.model)
+    embed = nextn.embed if nextn.family.embedding else layout.input_embedding(target.model)
     return MTPDrafter(nextn, embed, lambda x: head(nextn.head_input(x)))
 
 

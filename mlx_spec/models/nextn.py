@@ -31,6 +31,7 @@ from typing import Callable
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import (
+    bailing_hybrid,
     deepseek_v3,
     deepseek_v32,
     ernie4_5_moe,
@@ -46,7 +47,7 @@ from mlx_lm.models import (
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache
 
-from ..seams import compat
+from ..seams import compat, layout
 from ..seams.errors import SpecError
 from .common import load_exactly, load_weights
 
@@ -129,7 +130,11 @@ FAMILIES = {
     "longcat_flash": Family(longcat_flash, LongcatBlock, ("layers.0.enorm.m", "layers.0.hnorm.m", "layers.0.eh_proj",
         "norm"), "model.mtp.", block_prefix="layers.0.", copies=(), feeds_normed=True, embedding="embed_tokens",
         renames=(("transformer_layer.mlp.", "mlp."), ("self_attn.", "self_attn.0."))),  # LongCat-Flash: Qwen3.5's
-}  # equations, its own embedding, an MLA + dense block
+        # equations, its own embedding, an MLA + dense block
+    "bailing_hybrid": Family(bailing_hybrid, lambda args: bailing_hybrid.DecoderLayer(  # Ling / Ring 2.5: an MLA
+        args, layer_idx=args.num_hidden_layers), ("enorm", "hnorm", "eh_proj", "final_layernorm"),  # + MoE block,
+        feeds_normed=True, renames=(("mlp.gate.e_score_correction_bias", "mlp.gate.expert_bias"),)),  # Qwen3.5's
+}  # equations
 STORED = "nextn."  # the prefix of the layer's tensors in `mlx-spec convert` output (mtp.safetensors)
 
 compat.drop_nextn_layers()  # before any DeepSeek-V3 checkpoint is loaded: mlx-lm drops depth 61 only
@@ -143,17 +148,22 @@ def is_nextn(config: dict) -> bool:
     return declared_nextn_layers(config) > 0
 
 
+def family_of(config: dict) -> str:
+    """The FAMILIES key of a checkpoint: the mlx-lm module that runs it (a `model_type`, or one mlx-lm maps it to)."""
+    return layout.model_module(config)
+
+
 def check_supported(config: dict, path) -> None:
-    if config.get("model_type") not in FAMILIES:
+    if family_of(config) not in FAMILIES:
         raise SpecError(f"{path} declares {declared_nextn_layers(config)} nextn MTP layer(s), but MTP drafting "
-                        f"supports the nextn layers of {', '.join(FAMILIES)} only, not {config.get('model_type')!r}: "
+                        f"supports the nextn layers of {', '.join(FAMILIES)} only, not {family_of(config)!r}: "
                         "use --drafter ngram or --draft-model")
 
 
 class NextN(nn.Module):
     def __init__(self, config: dict):
         super().__init__()
-        self.family = FAMILIES[config["model_type"]]
+        self.family = FAMILIES[family_of(config)]
         self.args = self.family.module.ModelArgs.from_dict(config)
         h, eps = self.args.hidden_size, getattr(self.args, self.family.eps)
         self.window = self.family.window(self.args)
@@ -187,16 +197,16 @@ class NextN(nn.Module):
 
 def target_state(config: dict) -> str:
     """The target's state the layer of `config`'s family reads ("post" for a family not in the table)."""
-    return FAMILIES[config["model_type"]].reads if config.get("model_type") in FAMILIES else "post"
+    return FAMILIES[family_of(config)].reads if family_of(config) in FAMILIES else "post"
 
 
 def prefix(config: dict) -> str:
-    return FAMILIES[config["model_type"]].prefix.format(n=config.get("num_hidden_layers"))
+    return FAMILIES[family_of(config)].prefix.format(n=config.get("num_hidden_layers"))
 
 
 def layer_name(config: dict, key: str) -> str | None:
     """A published tensor's name under the layer's prefix, or None when it is not one of the layer's."""
-    family, where = FAMILIES[config["model_type"]], prefix(config)
+    family, where = FAMILIES[family_of(config)], prefix(config)
     if not key.startswith(where):
         return None
     name = key[len(where):]
@@ -223,7 +233,7 @@ def read_nextn_tensors(files, config: dict) -> tuple[dict, bool]:
                 stored[key[len(STORED):]] = value
             elif (name := layer_name(config, key)) is not None:
                 published[name] = value
-    if f"{FAMILIES[config['model_type']].names[2]}.weight" not in published:
+    if f"{FAMILIES[family_of(config)].names[2]}.weight" not in published:
         published = {}  # without its projection (ERNIE's output norm alone is the target's own)
     return (stored, False) if stored else (published, bool(published))
 

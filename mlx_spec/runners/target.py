@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..models import recurrence
-from ..seams import compat
+from ..seams import compat, layout
 from ..seams.caches import (
     RecurrentCache,
     check_trees,
@@ -80,13 +80,13 @@ def hidden_reader(model, hidden: str | list[int]):
     final norm's output / input, or a list of indices i into the states between layers (Hugging Face's
     `hidden_states`): the input of layer i, the last layer's output for i = the layer count; concatenated."""
     if isinstance(hidden, str):
-        norm = compat.final_norm(model)
+        norm = layout.final_norm(model)
         tap(norm, _tapped_norm_call)
         return lambda: norm.tapped[1 if hidden == "post" else 0]
-    layers, reads = compat.decoder_layers(model), []
+    layers, reads = layout.decoder_layers(model), []
     for i in hidden:
         if i == len(layers):
-            norm = compat.final_norm(model)
+            norm = layout.final_norm(model)
             tap(norm, _tapped_norm_call)
             reads.append(lambda norm=norm: norm.tapped[0])
         else:

@@ -18,7 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ..seams import compat, vision
+from ..seams import compat, layout, vision
 from ..seams.errors import SpecError
 
 
@@ -78,11 +78,11 @@ class Images:
 
     def embeddings(self, model, tokens: mx.array, start: int) -> mx.array:
         """The input embeddings of prompt positions start..start + len(tokens) - 1, image tokens taking the
-        features in order, as `model` takes them (before its own scale: see `compat.input_scale`)."""
+        features in order, as `model` takes them (before its own scale: see `layout.input_scale`)."""
         is_image, index = self.image_rows(tokens, start)
-        text = compat.input_embedding(model)(tokens)
+        text = layout.input_embedding(model)(tokens)
         features = self.features[index].astype(text.dtype)
-        if (scale := compat.input_scale(model)) != 1.0:
+        if (scale := layout.input_scale(model)) != 1.0:
             features = features / scale
         return mx.where(is_image[:, None], features, text)
 

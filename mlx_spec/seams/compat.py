@@ -43,14 +43,14 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
 `check()` runs each of these on tiny layers the first time a model is wrapped, and fails with a message naming
 the installed mlx-lm version and the tested range, so an mlx-lm release that changes them breaks loudly. The
 checks that run mlx-lm through mlx-spec's own caches live beside those caches (`caches.check_trees`,
-`ragged.check_batches`) and report through `broken`: this module imports nothing of mlx-spec's but its error.
+`ragged.check_batches`) and report through `broken` (errors.py): this module imports nothing of mlx-spec's but
+that and where mlx-lm's models keep their parts (layout.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.metadata
 import inspect
 
 import mlx.core as mx
@@ -59,28 +59,18 @@ from mlx.utils import tree_map
 from mlx_lm.models import gemma4_text, llama, qwen3, qwen3_5, qwen3_next, rope_utils
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
-from .errors import SpecError
+from .errors import SpecError, broken
+from .layout import (
+    decoder_layers,
+    final_norm,
+    input_embedding,
+    input_scale,
+    output_head,
+)
 
 GDN_ATTRIBUTES = ("conv_kernel_size", "conv_dim", "conv1d", "key_dim", "num_k_heads", "num_v_heads", "head_k_dim",
                   "head_v_dim", "A_log", "dt_bias", "out_proj", "norm", "in_proj_qkv", "in_proj_z", "in_proj_b",
                   "in_proj_a")
-
-
-def tested_mlx_lm() -> str:
-    """The mlx-lm range mlx-spec pins (pyproject.toml, read from the installed package's metadata)."""
-    for requirement in importlib.metadata.requires("mlx-spec") or []:
-        if requirement.startswith("mlx-lm"):
-            bounds = requirement[len("mlx-lm"):].split(";")[0].strip().split(",")
-            return ",".join(sorted(bounds, key=lambda bound: not bound.startswith(">")))  # lower bound first
-    return ""
-
-
-def broken(what: str) -> SpecError:
-    import mlx_lm
-
-    tested = tested_mlx_lm()
-    return SpecError(f"mlx-lm {mlx_lm.__version__} changed {what}, which mlx-spec relies on; mlx-spec is tested "
-                     f"with mlx-lm{tested}: pip install 'mlx-lm{tested}'")
 
 
 def write_index(cache: RotatingKVCache) -> int:
@@ -182,36 +172,6 @@ def split_model(model, mode: str, group, name: str) -> None:
                         "another number of ranks or the other --distributed mode") from None
 
 
-def final_norm(model):
-    """The final norm of a language model (inside a multimodal wrapper's `language_model` when there is one)."""
-    try:
-        return getattr(model, "language_model", model).model.norm
-    except AttributeError:
-        raise broken(f"where {type(model).__module__} keeps its final norm (model.model.norm)") from None
-
-
-def decoder_layers(model) -> list:
-    """A language model's decoder layers, in order."""
-    try:
-        return getattr(model, "language_model", model).model.layers
-    except AttributeError:
-        raise broken(f"where {type(model).__module__} keeps its decoder layers (model.model.layers)") from None
-
-
-def input_embedding(model):
-    """A language model's token embedding."""
-    try:
-        return getattr(model, "language_model", model).model.embed_tokens
-    except AttributeError:
-        raise broken(f"where {type(model).__module__} keeps its embedding (model.model.embed_tokens)") from None
-
-
-def input_scale(model) -> float:
-    """What a language model multiplies the input embeddings it is given by (Gemma 4's `embed_scale`, the square
-    root of its width), 1.0 for one that takes them as they are."""
-    return float(getattr(getattr(model, "language_model", model).model, "embed_scale", 1.0))
-
-
 @functools.cache
 def check_input_embeddings() -> None:
     """Gemma 4 given input embeddings scales them by `input_scale` and reads its per-layer embeddings at the token
@@ -229,18 +189,6 @@ def check_input_embeddings() -> None:
     scaled = model(ids, input_embeddings=embeddings * scale)
     if not mx.allclose(given, scaled, atol=1e-5) or mx.allclose(given, other_ids):
         raise broken("Gemma 4's input embeddings (scaled by embed_scale, per-layer embeddings read at the ids)")
-
-
-def output_head(model):
-    """A language model's output projection (its final norm's output -> logits): its `lm_head`, or the tied
-    embedding's `as_linear`."""
-    language = getattr(model, "language_model", model)
-    if (head := getattr(language, "lm_head", None)) is not None:
-        return head
-    try:
-        return language.model.embed_tokens.as_linear
-    except AttributeError:
-        raise broken(f"where {type(model).__module__} keeps its output head (lm_head or a tied embedding)") from None
 
 
 def tool_call_format(tokenizer):

@@ -37,7 +37,7 @@ from mlx.utils import tree_flatten
 from ..models.common import float_copy, rope_settings, weight_rows
 from ..models.dflash import BlockDrafterModel, read_config
 from ..runners.target import hidden_reader
-from ..seams import compat
+from ..seams import layout
 from ..seams.errors import SpecError
 from .common import (
     Setup,
@@ -143,10 +143,10 @@ class BlockTrainer:
         self.k, self.first = self.c["drafts"], 0 if self.c["from_anchor"] else 1
         reduced = vocab_ids is not None
         self.model = BlockDrafterModel(self.c, False, reduced)
-        self.embed = compat.input_embedding(target)
+        self.embed = layout.input_embedding(target)
         self.ids = None if vocab_ids is None else mx.array(vocab_ids)
         self.target_head = weight_rows(output_layer(target), self.ids) if reduced else None
-        self.output = compat.output_head(target)
+        self.output = layout.output_head(target)
         self.head = self.model.lm_head if reduced else self.output
         if reduced:
             self.model.lm_head.weight = self.target_head
@@ -184,13 +184,13 @@ class BlockTrainer:
     def start_from_target(self) -> None:
         """Decoder layers from the target's last ones (each weight whose shape fits), the final norm from the
         target's, `fc` the mean of the layers read; the Markov output and confidence weights at zero."""
-        source = compat.decoder_layers(self.target)
+        source = layout.decoder_layers(self.target)
         for layer, copy in zip(self.model.layers, source[-len(self.model.layers):]):
             weights = dict(tree_flatten(float_copy(copy).parameters()))
             mine = dict(tree_flatten(layer.parameters()))
             layer.load_weights([(k, v) for k, v in weights.items() if k in mine and v.shape == mine[k].shape],
                                strict=False)
-        norm = compat.final_norm(self.target)
+        norm = layout.final_norm(self.target)
         if norm.weight.shape == self.model.norm.weight.shape:
             self.model.norm.weight = mx.array(norm.weight)
         h, count = self.c["hidden_size"], len(self.c["target_layer_ids"])
@@ -365,7 +365,7 @@ def train_drafter(kind: str, model: str, data: list[str] | None, out: str, steps
         raise SpecError(f"--lr must be > 0, got {lr}")
 
     def check_target(loaded):
-        count = len(compat.decoder_layers(loaded.model))
+        count = len(layout.decoder_layers(loaded.model))
         if count < 2:
             raise SpecError(f"{loaded.path} has {count} decoder layer: a block drafter reads the target's "
                             "intermediate layers")
