@@ -35,7 +35,6 @@ from tiny_gemma4 import build_gemma4_assistant, build_gemma4_target, distill_gem
 from tiny_heads import build_eagle3, build_medusa, build_mtp_head
 from tiny_mtp import with_fitted_mtp
 from tiny_nextn import NEXTN_FAMILIES, build_nextn_checkpoint, train_nextn, with_trained_nextn
-from tiny_recurrent import build_nemotron_h
 from tiny_tools import build_tool_base, build_tool_tokenizer, train_tool_model
 from tiny_vision import QWEN_VL, build_gemma4_vision, build_gemma4_vision_tokenizer, build_qwen3_5_vision, \
     build_qwen_vl, build_vision_tokenizer
@@ -127,11 +126,12 @@ def build_bases(root: Path, tokenizers: dict[str, Path], progress: Callable[[str
         "qwen3_5-draft": lambda out: build_layer_skip_draft(out, paths["qwen3_5"], keep_layers=4),
         # Mamba 2 layers beside attention, MLP and expert layers; its draft all of them, perturbed a little (a
         # layer-skip draft of a random Mamba model agrees with it too seldom)
-        "nemotron_h": lambda out: build_nemotron_h(out, tok),
-        "nemotron_h-draft": lambda out: build_layer_skip_draft(out, paths["nemotron_h"], keep_layers=6, noise=0.01),
         # all layers, perturbed: close to the target but not equal, for sampled-distribution tests
         "qwen3-noisy": lambda out: build_layer_skip_draft(out, paths["qwen3"], keep_layers=4, noise=0.2),
         **{family: lambda out, family=family: build_nextn_checkpoint(out, family, tok) for family in NEXTN_FAMILIES},
+        # Nemotron-H's (Mamba 2, attention, MLP and expert layers): a draft of all its layers perturbed a little (a
+        # layer-skip draft of a random Mamba model agrees with it too seldom)
+        "nemotron_h-draft": lambda out: build_layer_skip_draft(out, paths["nemotron_h"], keep_layers=6, noise=0.01),
         # Qwen 3.5 with its vision tower, its tokenizer's vision tokens and its processor's files
         "tokenizer-vision": lambda out: build_vision_tokenizer(out),
         "qwen3_5-vision": lambda out: build_qwen3_5_vision(out, paths["tokenizer-vision"]),

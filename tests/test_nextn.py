@@ -2,9 +2,11 @@
 + MoE), GLM-4.7-Flash (MLA + GLM's MoE), MiMo-7B (Qwen2's block, Qwen3.5's equations), K-EXAONE (Qwen3.5's names and
 equations, a dense global-attention block), ERNIE 4.5 MoE (its tensors beside the target's, scored through the
 target's final norm), MiMo-V2-Flash (a sliding-window block with attention sinks), Step 3.5 Flash (its own head,
-zero-centred norms), LongCat-Flash (its own embedding, an MLA + dense block under `model.mtp.*`) and Ling 2.5 (an MLA +
-MoE block over a target with gated linear attention layers): the layer against a NumPy transcription of each family's
-equations, exact drafting with rollbacks of every cache, convert keeping and grafting the layer, refusals."""
+zero-centred norms), LongCat-Flash (its own embedding, an MLA + dense block under `model.mtp.*`) and Ling 2.5 / 3.0
+(an MLA + MoE block over a target with gated linear or delta attention layers), Nemotron-H (an attention and an expert
+sublayer over a Mamba 2 target): the layer against a NumPy
+transcription of each family's equations, exact drafting with rollbacks of every cache, convert keeping and grafting
+the layer, refusals."""
 
 import importlib
 import json
@@ -20,14 +22,14 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import CacheList, KVCache
 from mlx_lm.utils import load_model
 from tiny import HEAD_TEXTS
-from tiny_nextn import NEXTN_FAMILIES, depth, target_states
+from tiny_nextn import NEXTN_FAMILIES, depth, language, target_states
 
 import mlx_spec
 
 FAMILIES = list(NEXTN_FAMILIES)
 
 
-def rms(x, w, eps=1e-6):
+def rms(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
@@ -58,9 +60,15 @@ REFERENCE = {
                       False),
     # vLLM's BailingMoeV25MultiTokenPredictorLayer: final_layernorm(h + res) fed back, scored by the target's lm_head
     "bailing_hybrid": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "final_layernorm"), False, True, False),
+    # vLLM's BailingMoeV3MultiTokenPredictorLayer: the same, Ling 3.0's gated MLA
+    "bailing_moe_v3": ("model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "final_layernorm"), False, True, False),
+    # vLLM's NemotronHMultiTokenPredictor: its first sublayer projects, its last ("*E": the second) norms the output
+    "nemotron_h": ("mtp.", ("layers.0.enorm", "layers.0.hnorm", "layers.0.eh_proj", "layers.1.final_layernorm"), False,
+                   True, False),
 }
 # the embedding the drafted token is read from, where not the target's model.embed_tokens: LongCat's own, Ling's
-EMBEDDING = {"longcat_flash": "model.mtp.embed_tokens.weight", "bailing_hybrid": "model.word_embeddings.weight"}
+EMBEDDING = {"longcat_flash": "model.mtp.embed_tokens.weight", "bailing_hybrid": "model.word_embeddings.weight",
+             "bailing_moe_v3": "model.word_embeddings.weight", "nemotron_h": "backbone.embeddings.weight"}
 ZERO_CENTRED = {"step3p5"}  # its norms compute x * (1 + w)
 OWN_HEAD = {"step3p5": "transformer.shared_head.output"}  # scores with this, not the target's lm_head
 BLOCKS = {
@@ -72,6 +80,7 @@ BLOCKS = {
     "mimo_v2_flash": (lambda module, args: module.DecoderLayer(args, is_moe=False, is_sliding_window=True),
                       "model.mtp.layers.0."),
     "longcat_flash": (lambda module, args: LongcatMTPBlock(module, args), "model.mtp.layers.0."),
+    "nemotron_h": (lambda module, args: NemotronMTPBlock(module, args), "mtp."),
 }
 # where the block's tensors are named otherwise than mlx-lm's layer names them, and where it attends to a window
 RENAMED = {"mimo_v2_flash": ("pre_mlp_layernorm.", "post_attention_layernorm.")}
@@ -109,6 +118,41 @@ class LongcatMTPBlock(nn.Module):
         return h + self.transformer_layer.mlp(self.post_attention_layernorm(h))
 
 
+class NemotronMTPBlock(nn.Module):
+    """vLLM's NemotronHMultiTokenPredictor over the sublayers `mtp_hybrid_override_pattern` lists (read into
+    `hybrid_override_pattern`): (hidden, residual) carried as vLLM's layers carry them (the first sublayer's residual
+    its input, each next one's the sum of the two), mlx-lm's mixers (its attention; its experts stacked as its
+    SwitchMLP holds them); the output is the last sum, before the final norm."""
+
+    def __init__(self, module, args):
+        super().__init__()
+        self.kinds = list(args.hybrid_override_pattern)
+        self.norms = [nn.RMSNorm(args.hidden_size, eps=args.layer_norm_epsilon) for _ in self.kinds]
+        self.mixers = [module.NemotronHAttention(args) if kind == "*" else module.NemotronHMoE(args)
+                       for kind in self.kinds]
+
+    def load_weights(self, weights: list) -> None:
+        named, experts = {}, {}
+        for name, value in weights:
+            _, i, part, rest = name.split(".", 3)  # layers.{i}.{norm|mixer}.{rest}
+            if rest.startswith("experts."):
+                _, e, projection, _ = rest.split(".")
+                experts.setdefault((i, projection), {})[int(e)] = value
+            else:
+                named[f"{'norms' if part == 'norm' else 'mixers'}.{i}.{rest}"] = value
+        for (i, projection), values in experts.items():
+            fc = "fc1" if projection == "up_proj" else "fc2"
+            named[f"mixers.{i}.switch_mlp.{fc}.weight"] = mx.stack([values[e] for e in sorted(values)])
+        super().load_weights(list(named.items()))
+
+    def __call__(self, x, mask=None, cache=None):
+        hidden, residual = x, None
+        for kind, norm, mixer in zip(self.kinds, self.norms, self.mixers):
+            residual = hidden if residual is None else hidden + residual
+            hidden = mixer(norm(residual), mask=mask, cache=cache) if kind == "*" else mixer(norm(residual))
+        return hidden + residual
+
+
 def reference_block(path, config: dict, raw: dict, own: set[str]):
     """The layer's decoder block as mlx-lm runs it: a model one layer deeper's last layer, where the block is
     stored as that layer (mlx-lm's own loader converts its tensors); else mlx-lm's layer (BLOCKS) holding the
@@ -118,7 +162,9 @@ def reference_block(path, config: dict, raw: dict, own: set[str]):
         return load_model(path, strict=False, model_config={"num_hidden_layers": n + 1})[0].model.layers[n]
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     make, p = BLOCKS[config["model_type"]]
-    block = make(module, module.ModelArgs.from_dict(config))
+    pattern = config.get("mtp_hybrid_override_pattern")  # Nemotron-H: its MTP layer's sublayers
+    block = make(module, module.ModelArgs.from_dict({**config, "hybrid_override_pattern": pattern} if pattern
+                                                    else config))
     published, theirs = RENAMED.get(config["model_type"], ("", ""))
     block.load_weights([(k[len(p):].replace(published, theirs, 1) if published else k[len(p):], mx.array(v))
                         for k, v in raw.items() if k.startswith(p) and k not in own])
@@ -138,6 +184,7 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
     config = json.loads((path / "config.json").read_text())
     n, raw = depth(config), load_file(str(path / "model.safetensors"))
     where, names, hidden_first, feeds_normed, pre = REFERENCE[family]
+    eps = next(config[key] for key in ("rms_norm_eps", "layer_norm_epsilon", "layernorm_epsilon") if key in config)
     p = where.format(n=n)
     embedding_norm, hidden_norm, proj, out_norm = (raw[f"{p}{name}.weight"] for name in names)
     if family in ZERO_CENTRED:
@@ -147,11 +194,11 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
     target, _ = load_model(path)
     engine = mlx_spec.load(str(path))
     ids = engine.encode(HEAD_TEXTS[1])
-    hidden = np.array(target_states(target, ids) if pre else target.model(mx.array(ids)[None])[0])
+    hidden = np.array(target_states(target, ids) if pre else language(target)(mx.array(ids)[None])[0])
 
     def rows(tokens: list[int], hidden: np.ndarray) -> np.ndarray:
         embedding = raw[EMBEDDING.get(family, "model.embed_tokens.weight")]
-        parts = [rms(embedding[tokens], embedding_norm), rms(hidden, hidden_norm)]
+        parts = [rms(embedding[tokens], embedding_norm, eps), rms(hidden, hidden_norm, eps)]
         return np.concatenate(parts[::-1] if hidden_first else parts, -1) @ proj.T
 
     window = config.get(WINDOW.get(family, ""))
@@ -164,14 +211,14 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
 
     x = rows(ids[1:], hidden[:-1])
     y = run(x)
-    logits = rms(y, out_norm) @ head.T
+    logits = rms(y, out_norm, eps) @ head.T
     drafter = engine.drafter
     drafter.begin(ids, engine.target.prefill(ids[:-1]))
     np.testing.assert_allclose(np.array(drafter.next_logits[0]), logits[-1], rtol=1e-3, atol=1e-3)
     proposal = drafter.propose(ids, 2, mlx_spec.SamplingParams(temperature=1.0), mx.random.key(0))
     first = int(proposal.tokens[0].item())  # sampled: the chained draft's scores are compared whole
-    fed = rms(y[-1:], out_norm) if feeds_normed else y[-1:]
-    chained = rms(run(np.concatenate([x, rows([first], fed)]))[-1], out_norm) @ head.T
+    fed = rms(y[-1:], out_norm, eps) if feeds_normed else y[-1:]
+    chained = rms(run(np.concatenate([x, rows([first], fed)]))[-1], out_norm, eps) @ head.T
     np.testing.assert_allclose(np.array(proposal.q), softmax(np.stack([logits[-1], chained])), rtol=1e-3, atol=1e-5)
 
 
@@ -200,9 +247,10 @@ def test_nextn_drafting_is_exact(tiny, family):
 
 # the layer past the last, in its own list, beside the target's tensors (its output norm the target's), with
 # zero-centred norms (shifted once, on conversion), under its own prefix with its own embedding, and over a target
-# whose recurrent layers roll back by replaying (Ling 2.5)
+# whose recurrent layers roll back by replaying and whose block mlx-lm converts only as a layer past the first (Ling
+# 3.0), and as a chain of sublayers (Nemotron-H)
 @pytest.mark.parametrize("family", ["deepseek_v3", "mimo", "ernie4_5_moe", "step3p5", "longcat_flash",
-                                    "bailing_hybrid"])
+                                    "bailing_moe_v3", "nemotron_h"])
 def test_convert_keeps_and_grafts_the_nextn_layer(tiny, tmp_path, family):
     from mlx_lm.convert import convert
 

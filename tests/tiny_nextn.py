@@ -1,24 +1,30 @@
 """Tiny checkpoints in the Hugging Face layout of each nextn family (DeepSeek-V3: MLA + MoE; DeepSeek-V3.2 and
 GLM-5: MLA with a sparse attention's indexer + MoE; GLM-4.5: GQA + MoE; GLM-4.7-Flash: MLA + GLM's MoE; MiMo-7B;
 K-EXAONE; ERNIE 4.5 MoE; MiMo-V2-Flash; Step 3.5 Flash; LongCat-Flash: two MLA sublayers a layer, zero-computation
-experts; Ling 2.5: gated linear attention layers between MLA ones), each with its MTP layer under the names its
+experts; Ling 2.5 / 3.0: gated linear / delta attention layers between MLA ones; Nemotron-H: Mamba 2, attention, MLP
+and expert layers, its MTP layer an attention and an expert sublayer), each with its MTP layer under the names its
 publisher uses (DeepSeek's and GLM's as
 `model.layers.{num_hidden_layers}.*`, copies of the embedding and output head included)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import numpy as np
 from tiny import write_checkpoint
+from tiny_recurrent import nemotron_h_config, nemotron_h_shapes
 
-from mlx_spec.models.nextn import FAMILIES, prefix
+from mlx_spec.models.nextn import FAMILIES, family_of, own_names, prefix
 
 NEXTN_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe",
-                  "ernie4_5_moe", "mimo_v2_flash", "step3p5", "longcat_flash", "bailing_hybrid")
+                  "ernie4_5_moe", "mimo_v2_flash", "step3p5", "longcat_flash", "bailing_hybrid", "bailing_moe_v3",
+                  "nemotron_h")
 MLA = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "longcat_flash")  # compressed keys and values
-EMBEDDING = {"bailing_hybrid": "model.word_embeddings.weight"}  # the target's token embedding, where not embed_tokens
+# the target's token embedding, where not model.embed_tokens
+EMBEDDING = {"bailing_hybrid": "model.word_embeddings.weight", "bailing_moe_v3": "model.word_embeddings.weight",
+             "nemotron_h": "backbone.embeddings.weight"}
 SPARSE = {"index_n_heads": 4, "index_head_dim": 16, "index_topk": 8}  # DeepSeek's sparse attention: an indexer
 MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
        "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
@@ -117,13 +123,23 @@ def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
                 "moe_intermediate_size": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
                 "routed_scaling_factor": 2.5, "score_function": "sigmoid", "moe_router_enable_expert_bias": True,
                 "norm_topk_prob": True, "pad_token_id": 0}
+    if family == "nemotron_h":  # Nemotron 3 Super's MTP keys: one layer of an attention and an expert sublayer
+        return {**nemotron_h_config(vocab, hidden=hidden), "num_nextn_predict_layers": 1,
+                "mtp_hybrid_override_pattern": "*E"}
+    if family == "bailing_moe_v3":  # Ling 3.0's keys: Kimi's delta attention (KDA) layers, then an MLA one, ...;
+        return {**config("bailing_hybrid", vocab, hidden, layers),  # declared bailing_hybrid, run by mlx-lm's
+                "architectures": ["BailingMoeV3ForCausalLM"], "moe_shared_expert_intermediate_size": 32,  # V3
+                "short_conv_kernel_size": 4, "kda_lower_bound": -5.0, "kda_safe_gate": True, "no_kda_lora": True}
     return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_key_value_heads": 2,
             "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True,
             "rope_scaling": None, "n_group": 1}
 
 
 def is_moe(cfg: dict, i: int) -> bool:
-    """Whether layer i (the MTP block: i = num_hidden_layers) is a mixture of experts."""
+    """Whether layer i (the MTP block: i = num_hidden_layers) is a mixture of experts (Nemotron-H's pattern says
+    which of its layers are: `layer_shapes` reads it)."""
+    if "hybrid_override_pattern" in cfg:
+        return False
     if "moe_layers_enum" in cfg:
         return str(i) in cfg["moe_layers_enum"].split(",")
     if "moe_layer_freq" in cfg and isinstance(cfg["moe_layer_freq"], list):
@@ -154,6 +170,9 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
         return longcat_layer_shapes(cfg, p)
     if cfg["model_type"] == "bailing_hybrid":
         return bailing_layer_shapes(cfg, p)
+    if cfg["model_type"] == "nemotron_h":  # its MTP layer: a sublayer per letter of its own pattern
+        sublayers = nemotron_h_shapes({**cfg, "hybrid_override_pattern": cfg["mtp_hybrid_override_pattern"]})
+        return {p + k[len("backbone."):]: v for k, v in sublayers.items() if k.startswith("backbone.layers.")}
     if cfg["model_type"] == "exaone_moe":
         return exaone_layer_shapes(cfg, p, moe)
     if cfg["model_type"] == "ernie4_5_moe":
@@ -222,14 +241,16 @@ def longcat_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
 
 
 def bailing_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
-    """Ling 2.5's layer as inclusionAI publishes it: mlx-lm's layer (at its index: gated linear attention or MLA, dense
-    or experts), each expert on its own, the router's weight as `gate.weight`, the MLA's key and value projection
-    whole (`kv_b_proj`)."""
+    """Ling's layer as inclusionAI publishes it: mlx-lm's layer (at its index: gated linear or delta attention, or
+    MLA; dense or experts), each expert on its own, the MLA's key and value projection whole (`kv_b_proj`), the
+    delta attention's convolutions (C, 1, K); Ling 2.5's router weight as `gate.weight`."""
     from mlx.utils import tree_flatten
-    from mlx_lm.models import bailing_hybrid
 
-    args = bailing_hybrid.ModelArgs.from_dict(cfg)
-    layer = bailing_hybrid.DecoderLayer(args, layer_idx=int(p.rsplit(".", 2)[-2]))
+    from mlx_spec.seams.layout import model_module
+
+    module = importlib.import_module(f"mlx_lm.models.{model_module(cfg)}")
+    args, index = module.ModelArgs.from_dict(cfg), int(p.rsplit(".", 2)[-2])
+    layer = (getattr(module, "DecoderLayer", None) or module.BailingDecoderLayer)(args, index)
     shapes, heads = {}, cfg["num_attention_heads"]
     for name, value in tree_flatten(layer.parameters()):
         if ".switch_mlp." in name:
@@ -240,6 +261,8 @@ def bailing_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
         elif name.endswith("embed_q.weight"):
             shapes[p + "attention.kv_b_proj.weight"] = (heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]),
                                                         cfg["kv_lora_rank"])
+        elif name.endswith("conv1d.weight"):
+            shapes[p + name] = (value.shape[0], 1, value.shape[1])
         else:
             shapes[p + name.replace("gate.gate_proj.", "gate.")] = value.shape
     return shapes
@@ -325,24 +348,38 @@ def step3p5_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, .
             p + "moe.down_proj.weight": (experts, h, inter), **swiglu(p + "share_expert", h, shared)}
 
 
+def target_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """The target's own tensors."""
+    if cfg["model_type"] == "nemotron_h":
+        return nemotron_h_shapes(cfg)
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    shapes = {EMBEDDING.get(family_of(cfg), "model.embed_tokens.weight"): (v, h), "model.norm.weight": (h,),
+              "lm_head.weight": (v, h)}
+    for i in range(depth(cfg)):
+        shapes.update(layer_shapes(cfg, f"model.layers.{i}.", moe=is_moe(cfg, i)))
+    return shapes
+
+
 def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     """Norms near 1 (near 0 where stored zero-centred), biases and the router's correction bias small, matrices
-    scaled by their fan-in, the output heads and embedding by 0.5."""
+    scaled by their fan-in, the output heads and embedding by 0.5; Mamba 2's decay rates spread, as it starts."""
     rng = np.random.default_rng(seed)
     h, v, n = cfg["hidden_size"], cfg["vocab_size"], depth(cfg)
-    embed = EMBEDDING.get(cfg["model_type"], "model.embed_tokens.weight")
-    shapes = {embed: (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
-    for i in range(n):
-        shapes.update(layer_shapes(cfg, f"model.layers.{i}.", moe=is_moe(cfg, i)))
-    family, p = FAMILIES[cfg["model_type"]], prefix(cfg)
+    embed = EMBEDDING.get(family_of(cfg), "model.embed_tokens.weight")
+    family, p = FAMILIES[family_of(cfg)], prefix(cfg)
+    shapes = target_shapes(cfg)
     shapes.update(layer_shapes(cfg, p + family.block_prefix, moe=is_moe(cfg, n)))
-    embedding, hidden, proj, out = family.names
+    embedding, hidden, proj, out = own_names(cfg)
     shapes.update({f"{p}{embedding}.weight": (h,), f"{p}{hidden}.weight": (h,), f"{p}{proj}.weight": (h, 2 * h),
                    f"{p}{out}.weight": (h,), **({f"{p}{family.head}.weight": (v, h)} if family.head else {}),
                    **({f"{p}{family.embedding}.weight": (v, h)} if family.embedding else {})})
-    weights = {}
+    weights, mamba = {}, cfg["model_type"] == "nemotron_h"
     for name, shape in shapes.items():
-        if name.endswith("norm.weight"):
+        if mamba and name.endswith("A_log"):  # decay rates A = -exp(A_log) spread over 1..heads, as Mamba 2 starts
+            weights[name] = (np.log(np.arange(1, shape[0] + 1)) + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif mamba and name.endswith((".D", "dt_bias")):  # its skip and step bias near 1
+            weights[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif name.endswith("norm.weight"):
             weights[name] = (float(not family.zero_centred) + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         elif len(shape) == 1:
             weights[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
@@ -357,11 +394,16 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     return weights
 
 
-def build_nextn_checkpoint(out_dir: str | Path, family: str, tokenizer_dir: str | Path, seed: int = 0) -> Path:
+# Nemotron-H drawn from seed 0 ends its greedy answer to tiny.PROMPT within the tests' 160 tokens, from seed 1 it
+# never writes again what it wrote (n-gram drafts of its own text all fail)
+SEEDS = {"nemotron_h": 2}
+
+
+def build_nextn_checkpoint(out_dir: str | Path, family: str, tokenizer_dir: str | Path) -> Path:
     tokenizer_dir = Path(tokenizer_dir)
     vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
     cfg = config(family, len(vocab))
-    return write_checkpoint(Path(out_dir), cfg, random_weights(cfg, seed), tokenizer_dir)
+    return write_checkpoint(Path(out_dir), cfg, random_weights(cfg, SEEDS.get(family, 0)), tokenizer_dir)
 
 
 TRAINED = "nextn.safetensors"  # the trained tensors alone, which `with_trained_nextn` writes into a checkpoint
@@ -386,19 +428,19 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
     target, cfg = load_model(checkpoint)
     nextn = load_nextn(checkpoint, cfg, [checkpoint / "model.safetensors"])
     nextn.layers[0].freeze()
-    family, p = FAMILIES[cfg["model_type"]], prefix(cfg)
+    family, p = FAMILIES[family_of(cfg)], prefix(cfg)
     embed = nextn.embed if family.embedding else layout.input_embedding(target)
     if family.embedding:  # its own embedding stays as drawn
         nextn.embed.freeze()
-    own = {theirs: mine for theirs, mine in ours(family).items()
+    own = {theirs: mine for theirs, mine in ours(cfg).items()
            if p + theirs != "model.norm.weight" and mine != "embed.weight"}
     if "shared_norm.weight" not in own.values():  # ERNIE's output norm is the target's final norm: left as it is
         nextn.shared_norm.freeze()
     rows = []
     for sequence in greedy_continuations(target, load_tokenizer(checkpoint), texts, tokens=120):
-        hidden = target.model(mx.array(sequence)[None])[0]
+        hidden = language(target)(mx.array(sequence)[None])[0]
         labels = mx.argmax(target.lm_head(hidden), -1)
-        read = target_states(target, sequence) if FAMILIES[cfg["model_type"]].reads == "pre" else hidden
+        read = target_states(target, sequence) if family.reads == "pre" else hidden
         rows.append((embed(mx.array(sequence[1:])), read[:-1], labels[1:]))
     mx.eval(rows)
 
@@ -419,6 +461,11 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
                for theirs, mine in own.items()},
               str(out_dir / TRAINED), metadata={"format": "pt"})
     return out_dir
+
+
+def language(target):
+    """The target's model without its head (Nemotron-H's `backbone`): post-norm states."""
+    return getattr(target, "model", None) or target.backbone
 
 
 def target_states(target, sequence: list[int]):

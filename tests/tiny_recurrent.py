@@ -1,18 +1,13 @@
-"""Tiny checkpoints of recurrent families other than Qwen3.5's Gated DeltaNet, in their Hugging Face layout:
-Nemotron-H (Mamba 2 layers beside attention, MLP and mixture-of-experts layers, `backbone.*`), its tensors named
-and shaped as NVIDIA publishes them (conv weights (C, 1, K), each expert on its own)."""
+"""The Hugging Face layout of recurrent families other than Qwen3.5's Gated DeltaNet: Nemotron-H (Mamba 2 layers beside
+attention, MLP and mixture-of-experts layers, `backbone.*`), its config keys and tensors named and shaped as NVIDIA
+publishes them (conv weights (C, 1, K), each expert on its own). tiny_nextn.py draws the checkpoint, its MTP layer
+with it."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-import numpy as np
-from tiny import write_checkpoint
-
 
 def nemotron_h_config(vocab: int, pattern: str = "M*M-ME", hidden: int = 64) -> dict:
-    """Nemotron-H's config keys as NVIDIA publishes them (Nemotron 3 Nano's: relu² MLPs and experts)."""
+    """Nemotron-H's config keys as NVIDIA publishes them (Nemotron 3's: relu² MLPs and experts)."""
     return {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": vocab,
             "hidden_size": hidden, "intermediate_size": 2 * hidden, "max_position_embeddings": 4096,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "attention_bias": False,
@@ -21,11 +16,10 @@ def nemotron_h_config(vocab: int, pattern: str = "M*M-ME", hidden: int = 64) -> 
             "mamba_hidden_act": "silu", "layer_norm_epsilon": 1e-5, "use_bias": False, "use_conv_bias": True,
             "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern), "n_routed_experts": 4,
             "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
-            "moe_shared_expert_intermediate_size": 32,
-            "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
-            "time_step_limit": [0.0, float("inf")], "residual_in_fp32": False, "rescale_prenorm_residual": True,
-            "tie_word_embeddings": False, "num_nextn_predict_layers": 0, "torch_dtype": "float32",
-            "bos_token_id": None, "eos_token_id": 0}
+            "moe_shared_expert_intermediate_size": 32, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5, "time_step_limit": [0.0, float("inf")], "residual_in_fp32": False,
+            "rescale_prenorm_residual": True, "tie_word_embeddings": False, "num_nextn_predict_layers": 0,
+            "torch_dtype": "float32", "bos_token_id": None, "eos_token_id": 0}
 
 
 def nemotron_h_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -60,31 +54,3 @@ def nemotron_h_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
                 shapes.update({p + f"experts.{e}.up_proj.weight": (inter, h),
                                p + f"experts.{e}.down_proj.weight": (h, inter)})
     return shapes
-
-
-def recurrent_weights(shapes: dict, seed: int) -> dict[str, np.ndarray]:
-    """Norms, Mamba's skip (D) and step bias near 1, its decay rates A = -exp(A_log) spread over 1..heads, other
-    vectors small; matrices scaled by their fan-in (the embedding and head by 0.5)."""
-    rng = np.random.default_rng(seed)
-    weights = {}
-    for name, shape in shapes.items():
-        noise = rng.standard_normal(shape)
-        if name.endswith("A_log"):
-            value = np.log(np.arange(1, shape[0] + 1)) + 0.1 * noise
-        elif name.endswith(("norm.weight", "norm_f.weight", ".D", "dt_bias")):
-            value = 1.0 + 0.1 * noise
-        elif len(shape) == 1:
-            value = 0.1 * noise
-        elif name.endswith(("embeddings.weight", "lm_head.weight")):
-            value = 0.5 * noise
-        else:
-            value = 2.0 * noise / np.sqrt(np.prod(shape[1:]))
-        weights[name] = value.astype(np.float32)
-    return weights
-
-
-def build_nemotron_h(out_dir: str | Path, tokenizer_dir: str | Path, seed: int = 0) -> Path:
-    tokenizer_dir = Path(tokenizer_dir)
-    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"]
-    cfg = nemotron_h_config(len(vocab))
-    return write_checkpoint(Path(out_dir), cfg, recurrent_weights(nemotron_h_shapes(cfg), seed), tokenizer_dir)

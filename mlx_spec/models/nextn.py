@@ -19,7 +19,11 @@ block attends within a sliding window, with its own cache of that window; its la
 before the final norm, as Xiaomi's SGLang code hands it (vLLM hands it the state after). Step 3.5 Flash's layers
 (three; the first drafts every depth, as vLLM's recipe runs it) score with their own head, through zero-centred
 norms, over the target's pre-norm state, their block a sliding-window one. LongCat-Flash's layer (`model.mtp.*`)
-embeds the drafted token with its own embedding, its block one MLA sublayer of LongCat's kind and a dense MLP.
+embeds the drafted token with its own embedding, its block one MLA sublayer of LongCat's kind and a dense MLP. Ling
+2.5 and 3.0 (both declared `bailing_hybrid`; mlx-lm runs 3.0 as `bailing_moe_v3`, the key here) store Qwen3.5's
+equations under DeepSeek's names, an MLA + MoE block over targets whose linear attention layers replay to roll back.
+Nemotron-H's layer (Nemotron 3 Super, Ultra) is a chain of sublayers of the target's own kinds, attention then
+experts as `mtp_hybrid_override_pattern` says, its output norm on the last (`layers.{last}.final_layernorm`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import (
     bailing_hybrid,
+    bailing_moe_v3,
     deepseek_v3,
     deepseek_v32,
     ernie4_5_moe,
@@ -42,6 +47,7 @@ from mlx_lm.models import (
     longcat_flash,
     mimo,
     mimo_v2_flash,
+    nemotron_h,
     step3p5,
 )
 from mlx_lm.models.base import create_attention_mask
@@ -61,8 +67,11 @@ class Family:
     input order, the state fed back, the target's state read, the block's tensors whose published names differ from
     mlx-lm's (`renames`), the name of the norms' epsilon in mlx-lm's ModelArgs, the block's attention window
     (`window(args)`; None: full attention), the name of the layer's own output head (None: the target's), whether
-    its norms are stored zero-centred (x * (1 + w)) and whether its attention is DeepSeek's sparse one, whose
-    cache holds the indexer's keys beside its own (`indexed`)."""
+    its norms are stored zero-centred (x * (1 + w)), whether its attention is DeepSeek's sparse one, whose cache
+    holds the indexer's keys beside its own (`indexed`), its own embedding, the config its block is built from
+    (`block_config`: the target's, or changed where the block is not of its kind) and where its tensors go through
+    `Model.sanitize` (`sanitized_as`). A name's `{last}` is the index of the layer's last sublayer (Nemotron-H: one
+    sublayer per letter of `mtp_hybrid_override_pattern`)."""
 
     module: object
     block: Callable[[object], nn.Module]
@@ -80,6 +89,8 @@ class Family:
     zero_centred: bool = False
     indexed: bool = False
     embedding: str | None = None  # the name of the layer's own token embedding (None: the target's)
+    block_config: Callable[[dict], dict] = lambda config: config  # what the block's ModelArgs are read from
+    sanitized_as: str = "model.layers.0."  # where the block's tensors go through mlx-lm's Model.sanitize
 
 
 class LongcatBlock(nn.Module):
@@ -96,6 +107,25 @@ class LongcatBlock(nn.Module):
     def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
         h = x + self.self_attn[0](self.input_layernorm(x), mask=mask, cache=cache)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class NemotronBlock(nn.Module):
+    """Nemotron-H's MTP block: a sublayer of the target's kind for each letter of its pattern (attention "*",
+    experts "E", MLP "-"), each adding its mixer's output over its own norm, as vLLM's sublayers add up their
+    residuals; the attention sublayer keeps the cache."""
+
+    def __init__(self, args):
+        super().__init__()
+        pattern = "".join(args.hybrid_override_pattern or "")
+        if set(pattern) - {"*", "E", "-"} or pattern.count("*") != 1:
+            raise SpecError(f"a Nemotron-H MTP layer of the pattern {pattern!r} (mtp_hybrid_override_pattern): MTP "
+                            "drafting supports one attention sublayer beside MLP and expert ones: use --drafter ngram")
+        self.layers = [nemotron_h.NemotronHBlock(args, kind) for kind in pattern]
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        for layer in self.layers:
+            x = layer(x, mask=mask, cache=cache if layer.block_type == "*" else None)
+        return x
 
 
 FAMILIES = {
@@ -134,7 +164,15 @@ FAMILIES = {
     "bailing_hybrid": Family(bailing_hybrid, lambda args: bailing_hybrid.DecoderLayer(  # Ling / Ring 2.5: an MLA
         args, layer_idx=args.num_hidden_layers), ("enorm", "hnorm", "eh_proj", "final_layernorm"),  # + MoE block,
         feeds_normed=True, renames=(("mlp.gate.e_score_correction_bias", "mlp.gate.expert_bias"),)),  # Qwen3.5's
-}  # equations
+    "bailing_moe_v3": Family(bailing_moe_v3, lambda args: bailing_moe_v3.BailingDecoderLayer(  # equations; Ling 3.0
+        args, args.num_hidden_layers), ("enorm", "hnorm", "eh_proj", "final_layernorm"), feeds_normed=True,  # the
+        renames=(("mlp.gate.e_score_correction_bias", "mlp.gate.expert_bias"),),  # same, its own MLA and MoE
+        block_config=lambda config: {**config, "first_k_dense_replace": 0}),  # (mlx-lm's layer 0 has no experts)
+    "nemotron_h": Family(nemotron_h, lambda args: NemotronBlock(args), ("layers.0.enorm", "layers.0.hnorm",  # Super,
+        "layers.0.eh_proj", "layers.{last}.final_layernorm"), "mtp.", copies=(), feeds_normed=True,  # Ultra:
+        eps="layer_norm_epsilon", sanitized_as="backbone.",  # sublayers in a pattern, each one of the target's
+        block_config=lambda config: {**config, "hybrid_override_pattern": config.get("mtp_hybrid_override_pattern")}),
+}
 STORED = "nextn."  # the prefix of the layer's tensors in `mlx-spec convert` output (mtp.safetensors)
 
 compat.drop_nextn_layers()  # before any DeepSeek-V3 checkpoint is loaded: mlx-lm drops depth 61 only
@@ -164,7 +202,7 @@ class NextN(nn.Module):
     def __init__(self, config: dict):
         super().__init__()
         self.family = FAMILIES[family_of(config)]
-        self.args = self.family.module.ModelArgs.from_dict(config)
+        self.args = self.family.module.ModelArgs.from_dict(self.family.block_config(config))
         h, eps = self.args.hidden_size, getattr(self.args, self.family.eps)
         self.window = self.family.window(self.args)
         self.enorm, self.hnorm = nn.RMSNorm(h, eps=eps), nn.RMSNorm(h, eps=eps)
@@ -204,19 +242,26 @@ def prefix(config: dict) -> str:
     return FAMILIES[family_of(config)].prefix.format(n=config.get("num_hidden_layers"))
 
 
+def own_names(config: dict) -> tuple[str, ...]:
+    """The names of the layer's embedding norm, hidden norm, projection and output norm under its prefix."""
+    last = len(config.get("mtp_hybrid_override_pattern") or "x") - 1
+    return tuple(name.format(last=last) for name in FAMILIES[family_of(config)].names)
+
+
 def layer_name(config: dict, key: str) -> str | None:
     """A published tensor's name under the layer's prefix, or None when it is not one of the layer's."""
     family, where = FAMILIES[family_of(config)], prefix(config)
     if not key.startswith(where):
         return None
     name = key[len(where):]
-    own = (*family.names, *([family.embedding] if family.embedding else []))
+    own = (*own_names(config), *([family.embedding] if family.embedding else []))
     return name if name.startswith((family.block_prefix, *(f"{theirs}." for theirs in own))) else None
 
 
-def ours(family: Family) -> dict[str, str]:
+def ours(config: dict) -> dict[str, str]:
     """The layer's own tensors' names as published -> as NextN's parameters."""
-    names = {**dict(zip(family.names, ("enorm", "hnorm", "eh_proj", "shared_norm"))),
+    family = FAMILIES[family_of(config)]
+    names = {**dict(zip(own_names(config), ("enorm", "hnorm", "eh_proj", "shared_norm"))),
              **({family.head: "head"} if family.head else {}), **({family.embedding: "embed"} if family.embedding
                                                                    else {})}
     return {f"{theirs}.weight": f"{mine}.weight" for theirs, mine in names.items()}
@@ -233,7 +278,7 @@ def read_nextn_tensors(files, config: dict) -> tuple[dict, bool]:
                 stored[key[len(STORED):]] = value
             elif (name := layer_name(config, key)) is not None:
                 published[name] = value
-    if f"{FAMILIES[family_of(config)].names[2]}.weight" not in published:
+    if f"{own_names(config)[2]}.weight" not in published:
         published = {}  # without its projection (ERNIE's output norm alone is the target's own)
     return (stored, False) if stored else (published, bool(published))
 
@@ -244,11 +289,12 @@ def build_nextn(config: dict, tensors: dict, original: bool, quantization: dict 
     nextn = NextN(config)
     family, weights = nextn.family, dict(tensors)
     if original:
-        own, inner = ours(family), family.block_prefix
+        own, inner = ours(config), family.block_prefix
         block = {renamed(k[len(inner):], family.renames): v for k, v in weights.items()
                  if k not in own and k.startswith(inner) and not k.startswith(family.copies)}
+        converted = compat.convert_layer(family.module, nextn.args, block, family.sanitized_as)
         weights = {**{mine: weights[theirs] for theirs, mine in own.items() if theirs in weights},
-                   **{f"layers.0.{k}": v for k, v in compat.convert_layer(family.module, nextn.args, block).items()}}
+                   **{f"layers.0.{k}": v for k, v in converted.items()}}
         if family.zero_centred:  # mlx-lm's norms multiply by w: its sanitize adds the 1 to a target's, not here
             weights = {k: v + 1 if k.endswith("norm.weight") else v for k, v in weights.items()}
     if quantization:

@@ -113,13 +113,14 @@ def swap_class(obj, cls) -> None:
     obj.__class__ = cls
 
 
-def convert_layer(module, args, tensors: dict) -> dict:
+def convert_layer(module, args, tensors: dict, under: str = "model.layers.0.") -> dict:
     """One decoder layer's Hugging Face tensors (names relative to the layer) in the form `module`'s (mlx-lm's
-    deepseek_v3 or glm4_moe) layers load: its Model.sanitize, run on them as layer 0."""
-    converted = module.Model.sanitize(_ArgsOnly(args), {f"model.layers.0.{k}": v for k, v in tensors.items()})
-    if not all(k.startswith("model.layers.0.") for k in converted) or any(".experts.0." in k for k in converted):
+    deepseek_v3 or glm4_moe) layers load: its Model.sanitize, run on them as layer 0 (`under`: where that model
+    keeps it; Nemotron-H's MTP sublayers go under `backbone.`, as its layers `layers.{i}`)."""
+    converted = module.Model.sanitize(_ArgsOnly(args), {f"{under}{k}": v for k, v in tensors.items()})
+    if not all(k.startswith(under) for k in converted) or any(".experts.0." in k for k in converted):
         raise broken(f"{module.__name__}.Model.sanitize (the conversion of a layer's expert and attention tensors)")
-    return {k[len("model.layers.0."):]: v for k, v in converted.items()}
+    return {k[len(under):]: v for k, v in converted.items()}
 
 
 class _ArgsOnly:
