@@ -11,6 +11,7 @@ nothing; one that rejects some replays each recurrent layer alone (not the rest 
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import mlx.nn as nn
@@ -34,7 +35,12 @@ def install(model) -> bool:
 
 
 def takes_cache(module: nn.Module) -> bool:
-    return isinstance(module, Replaying) or "cache" in inspect.signature(type(module).__call__).parameters
+    return isinstance(module, Replaying) or called_with_cache(type(module))
+
+
+@functools.cache
+def called_with_cache(cls: type) -> bool:
+    return "cache" in inspect.signature(cls.__call__).parameters
 
 
 def mixers(model) -> list[nn.Module]:
