@@ -27,6 +27,31 @@ def test_a_changed_cache_write_order_is_named(monkeypatch):
         compat.check_gdn()
 
 
+def test_a_recurrent_layer_keeping_state_outside_its_cache_is_named(monkeypatch):
+    """A release whose Mamba 2 layer counts its calls and steps its state by the count: what a replay over the kept
+    positions gives is no longer what the layer held after them."""
+    from mlx_lm.models import nemotron_h
+
+    from mlx_spec.models import recurrence
+
+    original = nemotron_h.NemotronHMamba2Mixer.__call__
+
+    def counting(self, x, mask, cache=None):
+        self.calls = getattr(self, "calls", 0) + 1
+        out = original(self, x, mask, cache)
+        cache[1] = cache[1] + self.calls
+        return out
+    recurrence.check_replay.cache_clear()
+    recurrence.check_replay()
+    monkeypatch.setattr(nemotron_h.NemotronHMamba2Mixer, "__call__", counting)
+    recurrence.check_replay.cache_clear()
+    try:
+        with pytest.raises(SpecError, match=r"mlx-lm \S+ changed a recurrent layer's call"):
+            recurrence.check_replay()
+    finally:
+        recurrence.check_replay.cache_clear()
+
+
 def test_a_renamed_ring_index_is_named(monkeypatch):
     class Renamed(mlx_lm_cache.RotatingKVCache):  # a release that calls the write index something else
         def update_and_fetch(self, keys, values):

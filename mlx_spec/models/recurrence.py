@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import inspect
 
+import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import nemotron_h
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from ..seams import compat
@@ -28,6 +30,7 @@ def install(model) -> bool:
         return True
     if not any(type(cache) is ArraysCache for cache in layers_of(make_prompt_cache(model))):
         return False
+    check_replay()
     for module in mixers(model):
         if not isinstance(module, Replaying):
             compat.swap_class(module, replaying(type(module)))
@@ -99,3 +102,28 @@ def replaying(cls: type) -> type:
         _CLASSES[cls] = type(f"Replaying{cls.__name__}", (Replaying, cls), {})
         PLACES[_CLASSES[cls]] = params.index("cache"), params.index("mask") if "mask" in params else None
     return _CLASSES[cls]
+
+
+@functools.cache
+def check_replay() -> None:
+    """A tiny Mamba 2 layer of mlx-lm's, made replaying inside its block and rolled back by two of four positions,
+    holds what mlx-lm's own layer holds after the first two alone: the layer keeps everything it goes on from in
+    its cache, and takes it where `replaying` looks for it."""
+    args = nemotron_h.ModelArgs.from_dict(dict(
+        model_type="nemotron_h", vocab_size=8, hidden_size=16, intermediate_size=16, max_position_embeddings=64,
+        num_attention_heads=2, num_key_value_heads=1, attention_bias=False, mamba_num_heads=4, mamba_head_dim=4,
+        mamba_proj_bias=False, ssm_state_size=4, conv_kernel=3, n_groups=1, mlp_bias=False, layer_norm_epsilon=1e-5,
+        use_bias=False, use_conv_bias=True, hybrid_override_pattern=["M"]))
+    block, x = nemotron_h.NemotronHBlock(args, "M"), mx.random.normal((1, 4, 16), key=mx.random.key(0))
+    alone = ArraysCache(2)
+    block(x[:, :2], None, alone)
+    found = mixers(block)
+    if found != [block.mixer]:
+        raise compat.broken("where a Mamba 2 block hands its cache (to its mixer alone)")
+    compat.swap_class(block.mixer, replaying(type(block.mixer)))
+    cache = RecurrentCache(2)
+    cache.capture = True
+    block(x, None, cache)
+    cache.rollback(2)
+    if not all(mx.allclose(a, b, atol=1e-5) for a, b in zip(cache.cache, alone.cache, strict=True)):
+        raise compat.broken("a recurrent layer's call (its state no longer all in its cache, or not taken from it)")
