@@ -4,8 +4,8 @@ the run). Every mutant must make them fail. They cover verification (dense-q and
 sampling and penalties, rollback (sliding windows, trees, quantized KV, Gated DeltaNet states), the draft model's
 cache alone and in a batch, the drafting helpers, n-gram, suffix and lookahead drafting, MTP and nextn layers,
 Medusa, EAGLE-3 and Gemma 4 drafters, block drafters (alone, in a batch) and their training, ragged batches
-(per-row keys, rows joining), the prompt cache (drafter state taken back), the draft-length policy's off state and its stops where a draft model is unsure, images' positions
-Gemma 4's whole images and Qwen3-VL's deepstack,
+(per-row keys, rows joining), the prompt cache (drafter state taken back), the draft-length policy's off state
+and its stops where a draft model is unsure, images' positions, Gemma 4's whole images and Qwen3-VL's deepstack,
 request parsing, convert, constrained output and its forced drafts, predicted outputs, distributed batches and
 the Responses API.
 
@@ -95,6 +95,9 @@ MUTANTS = [
     Mutant("Nemotron-H's MTP attention sublayer drafts without its cache (seeing the new positions only)",
            "mlx_spec/models/nextn.py", 'cache=cache if layer.block_type == "*" else None)', "cache=None)",
            ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[nemotron_h]",)),
+    Mutant("Kimi K3's MTP layer reads the target's state after its final norm (vLLM hands it the state before)",
+           "mlx_spec/models/nextn.py", 'layers.{n}.", reads="pre", arguments=', 'layers.{n}.", arguments=',
+           ("tests/test_nextn.py::test_the_nextn_layer_is_its_equations[kimi_k3]",)),
     Mutant("a draft model's cache keeps one rejected draft after a round", "mlx_spec/drafters/draft_model.py",
            "valid = min(self.runner.offset, self.proposed_from + accepted)",
            "valid = min(self.runner.offset, self.proposed_from + accepted + 1)",
@@ -361,7 +364,7 @@ MUTANTS = [
            "        if not self.whole:\n            return None", "        if True:\n            return None",
            ("tests/test_vision_gemma4.py::test_a_gemma4_image_prompt_scores_as_mlx_vlms_model_does",)),
     Mutant("a prefill piece ends inside an image read whole", "mlx_spec/runners/vision.py",
-           "        if not self.whole or end >= len(self.prompt)", "        if True or end >= len(self.prompt)",
+           "        if (not self.whole or end >= len(self.prompt)", "        if (True or end >= len(self.prompt)",
            ("tests/test_vision_gemma4.py::test_a_gemma4_image_prompt_scores_as_mlx_vlms_model_does",
             "tests/test_vision_gemma4.py::test_gemma4_image_rows_in_a_batch_decode_as_each_does_alone")),
     Mutant("an image's tokens see one another only within the sliding window", "mlx_spec/seams/caches.py",

@@ -89,6 +89,7 @@ def test_every_row_equals_decoding_it_alone(tiny, family, drafter, draft, draft_
     ("longcat_flash", {"drafter": "mtp"}),  # its own embedding, over a target of two MLA sublayers a layer
     ("bailing_hybrid", {"drafter": "mtp"}),  # over a target whose gated linear attention layers replay to roll back
     ("nemotron_h", {"drafter": "mtp"}),  # sublayers in a chain, over Mamba 2 layers
+    ("kimi_k3", {"drafter": "mtp"}),  # over delta attention layers and attention residuals, its config nested
     ("qwen3", {"draft_model": "qwen3-eagle3"}),  # an EAGLE-3 head, chains
     ("qwen3", {"draft_model": "qwen3-medusa"}),  # Medusa heads, chains
     ("qwen3", {"draft_model": "qwen3-draft", "kv_bits": 8, "kv_group_size": 32}),  # quantized KV, target and draft

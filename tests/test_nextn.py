@@ -4,7 +4,8 @@ equations, a dense global-attention block), ERNIE 4.5 MoE (its tensors beside th
 target's final norm), MiMo-V2-Flash (a sliding-window block with attention sinks), Step 3.5 Flash (its own head,
 zero-centred norms), LongCat-Flash (its own embedding, an MLA + dense block under `model.mtp.*`) and Ling 2.5 / 3.0
 (an MLA + MoE block over a target with gated linear or delta attention layers), Nemotron-H (an attention and an expert
-sublayer over a Mamba 2 target): the layer against a NumPy
+sublayer over a Mamba 2 target), Kimi K3 (its config nested, its tensors under `language_model.`, over a target with
+delta attention layers and attention residuals): the layer against a NumPy
 transcription of each family's equations, exact drafting with rollbacks of every cache, convert keeping and grafting
 the layer, refusals."""
 
@@ -22,7 +23,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import CacheList, KVCache
 from mlx_lm.utils import load_model
 from tiny import HEAD_TEXTS
-from tiny_nextn import NEXTN_FAMILIES, depth, language, target_states
+from tiny_nextn import HEAD, NEXTN_FAMILIES, depth, language, target_states
 
 import mlx_spec
 
@@ -65,10 +66,15 @@ REFERENCE = {
     # vLLM's NemotronHMultiTokenPredictor: its first sublayer projects, its last ("*E": the second) norms the output
     "nemotron_h": ("mtp.", ("layers.0.enorm", "layers.0.hnorm", "layers.0.eh_proj", "layers.1.final_layernorm"), False,
                    True, False),
+    # vLLM's KimiK3MultiTokenPredictorLayer: shared_head.norm(h + res) scored, h + res fed back; the target's state
+    # before its final norm (vLLM's KimiLinearModel leaves the norm to compute_logits for the MTP layer to read)
+    "kimi_k3": ("language_model.model.layers.{n}.", ("enorm", "hnorm", "eh_proj", "shared_head.norm"), False, False,
+                True),
 }
 # the embedding the drafted token is read from, where not the target's model.embed_tokens: LongCat's own, Ling's
 EMBEDDING = {"longcat_flash": "model.mtp.embed_tokens.weight", "bailing_hybrid": "model.word_embeddings.weight",
-             "bailing_moe_v3": "model.word_embeddings.weight", "nemotron_h": "backbone.embeddings.weight"}
+             "bailing_moe_v3": "model.word_embeddings.weight", "nemotron_h": "backbone.embeddings.weight",
+             "kimi_k3": "language_model.model.embed_tokens.weight"}
 ZERO_CENTRED = {"step3p5"}  # its norms compute x * (1 + w)
 OWN_HEAD = {"step3p5": "transformer.shared_head.output"}  # scores with this, not the target's lm_head
 BLOCKS = {
@@ -155,9 +161,12 @@ class NemotronMTPBlock(nn.Module):
 
 def reference_block(path, config: dict, raw: dict, own: set[str]):
     """The layer's decoder block as mlx-lm runs it: a model one layer deeper's last layer, where the block is
-    stored as that layer (mlx-lm's own loader converts its tensors); else mlx-lm's layer (BLOCKS) holding the
-    block's tensors as stored."""
+    stored as that layer (mlx-lm's own loader converts its tensors; Kimi K3's model built without its attention
+    residuals, as vLLM builds the block); else mlx-lm's layer (BLOCKS) holding the block's tensors as stored."""
     n = depth(config)
+    if config["model_type"] == "kimi_k3":
+        deeper = {"text_config": {**config["text_config"], "num_hidden_layers": n + 1, "attn_res_block_size": None}}
+        return load_model(path, strict=False, model_config=deeper)[0].model.layers[n]
     if config["model_type"] not in BLOCKS:
         return load_model(path, strict=False, model_config={"num_hidden_layers": n + 1})[0].model.layers[n]
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
@@ -184,12 +193,13 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
     config = json.loads((path / "config.json").read_text())
     n, raw = depth(config), load_file(str(path / "model.safetensors"))
     where, names, hidden_first, feeds_normed, pre = REFERENCE[family]
-    eps = next(config[key] for key in ("rms_norm_eps", "layer_norm_epsilon", "layernorm_epsilon") if key in config)
+    text = config.get("text_config", config)
+    eps = next(text[key] for key in ("rms_norm_eps", "layer_norm_epsilon", "layernorm_epsilon") if key in text)
     p = where.format(n=n)
     embedding_norm, hidden_norm, proj, out_norm = (raw[f"{p}{name}.weight"] for name in names)
     if family in ZERO_CENTRED:
         embedding_norm, hidden_norm, out_norm = embedding_norm + 1, hidden_norm + 1, out_norm + 1
-    head = raw[f"{p}{OWN_HEAD[family]}.weight" if family in OWN_HEAD else "lm_head.weight"]
+    head = raw[f"{p}{OWN_HEAD[family]}.weight" if family in OWN_HEAD else HEAD.get(family, "lm_head.weight")]
     block = reference_block(path, config, raw, {f"{p}{name}.weight" for name in names})
     target, _ = load_model(path)
     engine = mlx_spec.load(str(path))
@@ -201,13 +211,13 @@ def test_the_nextn_layer_is_its_equations(tiny, family):
         parts = [rms(embedding[tokens], embedding_norm, eps), rms(hidden, hidden_norm, eps)]
         return np.concatenate(parts[::-1] if hidden_first else parts, -1) @ proj.T
 
-    window = config.get(WINDOW.get(family, ""))
+    window = text.get(WINDOW.get(family, ""))
 
     def run(x: np.ndarray) -> np.ndarray:
         xa = mx.array(x)[None]
         mask = create_attention_mask(xa, None, window_size=window, return_array=True)
-        return np.array(block(xa, mask=mask, cache=CacheList(KVCache(), KVCache()) if family in INDEXED
-                              else KVCache())[0])
+        out = block(xa, mask=mask, cache=CacheList(KVCache(), KVCache()) if family in INDEXED else KVCache())
+        return np.array((out[0] if isinstance(out, tuple) else out)[0])  # Kimi's layer returns (h, residuals)
 
     x = rows(ids[1:], hidden[:-1])
     y = run(x)
@@ -248,9 +258,9 @@ def test_nextn_drafting_is_exact(tiny, family):
 # the layer past the last, in its own list, beside the target's tensors (its output norm the target's), with
 # zero-centred norms (shifted once, on conversion), under its own prefix with its own embedding, and over a target
 # whose recurrent layers roll back by replaying and whose block mlx-lm converts only as a layer past the first (Ling
-# 3.0), and as a chain of sublayers (Nemotron-H)
+# 3.0), as a chain of sublayers (Nemotron-H), and in a nested config under `language_model.` (Kimi K3)
 @pytest.mark.parametrize("family", ["deepseek_v3", "mimo", "ernie4_5_moe", "step3p5", "longcat_flash",
-                                    "bailing_moe_v3", "nemotron_h"])
+                                    "bailing_moe_v3", "nemotron_h", "kimi_k3"])
 def test_convert_keeps_and_grafts_the_nextn_layer(tiny, tmp_path, family):
     from mlx_lm.convert import convert
 

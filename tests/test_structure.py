@@ -1,6 +1,6 @@
 """The shape of the house: the wings stand in order (no module imports one of a higher wing, nor of a sibling),
 no module imports another that imports it back (lazy imports in functions count), the seam to mlx-lm imports
-nothing of ours but the error type, and no file grows past ~500 lines."""
+nothing of ours but the error type, and no file grows past ~500 lines, nor a line past 120 characters."""
 
 import ast
 import sys
@@ -9,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"mlx_spec": ROOT / "mlx_spec", "mlx_spec.tui": ROOT / "tui"}  # tui/ installs as mlx_spec.tui
 MAX_LINES = 500
+MAX_WIDTH = 120  # characters a line
 sys.path.insert(0, str(ROOT / "scripts"))
 from architecture import FLOORS  # noqa: E402  (the wings, lowest floor first; a floor's wings in a tuple)
 
@@ -111,6 +112,12 @@ def test_the_mlx_lm_seam_stands_on_the_ground():
 def test_no_file_grows_past_the_limit():
     lines = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
     assert len(lines) > 40 and not {name: n for name, n in lines.items() if n > MAX_LINES}
+
+
+def test_no_line_is_packed_past_the_width():
+    wide = [f"{name}:{i}" for name, path in modules().items()
+            for i, line in enumerate(path.read_text().splitlines(), 1) if len(line) > MAX_WIDTH]
+    assert not wide
 
 
 def probes(path: Path) -> list[str]:

@@ -14,127 +14,19 @@ from pathlib import Path
 
 import numpy as np
 from tiny import write_checkpoint
-from tiny_recurrent import nemotron_h_config, nemotron_h_shapes
+from tiny_nextn_configs import config
+from tiny_recurrent import nemotron_h_shapes
 
-from mlx_spec.models.nextn import FAMILIES, family_of, own_names, prefix
+from mlx_spec.models.nextn import FAMILIES, family_of, own_names, prefix, text_config
 
 NEXTN_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe", "glm4_moe_lite", "mimo", "exaone_moe",
                   "ernie4_5_moe", "mimo_v2_flash", "step3p5", "longcat_flash", "bailing_hybrid", "bailing_moe_v3",
-                  "nemotron_h")
+                  "nemotron_h", "kimi_k3")
 MLA = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "longcat_flash")  # compressed keys and values
 # the target's token embedding, where not model.embed_tokens
 EMBEDDING = {"bailing_hybrid": "model.word_embeddings.weight", "bailing_moe_v3": "model.word_embeddings.weight",
-             "nemotron_h": "backbone.embeddings.weight"}
-SPARSE = {"index_n_heads": 4, "index_head_dim": 16, "index_topk": 8}  # DeepSeek's sparse attention: an indexer
-MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
-       "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
-       "norm_topk_prob": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
-
-
-def config(family: str, vocab: int, hidden: int = 64, layers: int = 3) -> dict:
-    common = {"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 2 * hidden,
-              "num_hidden_layers": layers, "num_attention_heads": 4, "max_position_embeddings": 4096,
-              "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False,
-              "num_nextn_predict_layers": 1, "torch_dtype": "float32", "bos_token_id": None, "eos_token_id": 0,
-              "hidden_act": "silu", **MOE}
-    if family == "deepseek_v3":
-        return {**common, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-                "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
-                "qk_nope_head_dim": 16, "v_head_dim": 16, "moe_layer_freq": 1,
-                "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
-                                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
-    if family == "deepseek_v32":  # DeepSeek-V3.2: V3's keys and the indexer's; the indexer picks 8 keys per query
-        return {**config("deepseek_v3", vocab, hidden, layers), "architectures": ["DeepseekV32ForCausalLM"],
-                "model_type": "deepseek_v32", "ep_size": 1, **SPARSE}
-    if family == "glm_moe_dsa":  # GLM-5, as zai-org publishes its config: DeepSeek-V3.2's layers
-        return {**config("deepseek_v3", vocab, hidden, layers), "architectures": ["GlmMoeDsaForCausalLM"],
-                "model_type": "glm_moe_dsa", "head_dim": 16, "qk_head_dim": 24, "rope_interleave": True,
-                "indexer_rope_interleave": True, "rope_scaling": None,
-                "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "dtype": "float32", **SPARSE}
-    if family == "glm4_moe_lite":  # GLM-4.7-Flash, as zai-org publishes its config
-        return {**common, "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite",
-                "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
-                "qk_nope_head_dim": 16, "v_head_dim": 16, "n_group": 1, "topk_group": 1, "rope_scaling": None,
-                "partial_rotary_factor": 1.0, "routed_scaling_factor": 1.8, "dtype": "float32"}
-    if family == "mimo":  # MiMo-7B (dense, Qwen2's layers), as Xiaomi publishes its config
-        return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["MiMoForCausalLM"],
-                "model_type": "mimo", "num_key_value_heads": 2, "head_dim": 16, "attention_bias": True,
-                "rope_theta": 640000.0, "rope_scaling": None, "use_sliding_window": False}
-    if family == "exaone_moe":  # K-EXAONE: sliding-window layers, then a global one; the first dense
-        kinds = ["sliding_attention"] * (layers - 1) + ["full_attention"]
-        return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["ExaoneMoEForCausalLM"],
-                "model_type": "exaone_moe", "num_key_value_heads": 2, "head_dim": 32, "moe_intermediate_size": 32,
-                "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1, "n_group": 1, "topk_group": 1,
-                "routed_scaling_factor": 2.5, "norm_topk_prob": True, "is_moe_layer": [False] + [True] * (layers - 1),
-                "first_k_dense_replace": 1, "sliding_window": 4, "layer_types": kinds, "rope_scaling": None,
-                "sliding_windows": [4 if kind == "sliding_attention" else 0 for kind in kinds],
-                "mtp_layer_types": ["full_attention"], "dtype": "float32"}
-    if family == "ernie4_5_moe":  # ERNIE-4.5-21B-A3B-PT's keys: a dense first layer, then MoE (softmax routing)
-        return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["Ernie4_5_MoeForCausalLM"],
-                "model_type": "ernie4_5_moe", "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-                "rope_theta": 500000.0, "use_rmsnorm": True, "use_bias": False, "moe_num_experts": 4,
-                "moe_num_shared_experts": 1, "moe_layer_start_index": 1, "moe_layer_interval": 1,
-                "moe_intermediate_size": 32, "moe_k": 2, "moe_gate": "topk", "moe_use_aux_free": True}
-    if family == "mimo_v2_flash":  # MiMo-V2-Flash's keys: global and sliding-window layers (with attention sinks)
-        return {**{k: v for k, v in common.items() if k not in ("rms_norm_eps", "n_shared_experts")},
-                "architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash",
-                "num_key_value_heads": 1, "head_dim": 24, "v_head_dim": 16, "swa_num_attention_heads": 4,
-                "swa_num_key_value_heads": 2, "swa_head_dim": 24, "swa_v_head_dim": 16,
-                "partial_rotary_factor": 0.334, "rope_theta": 5000000.0, "swa_rope_theta": 10000.0,
-                "sliding_window": 4, "sliding_window_size": 4, "attention_chunk_size": 4,
-                "hybrid_layer_pattern": [0] + [1] * (layers - 1), "moe_layer_freq": [0] + [1] * (layers - 1),
-                "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False,
-                "n_shared_experts": None, "routed_scaling_factor": None, "n_group": 1, "topk_group": 1,
-                "layernorm_epsilon": 1e-6, "attention_value_scale": 0.707}
-    if family == "step3p5":  # Step 3.5 Flash's keys (per-layer lists cover the MTP layer); zero-centred norms
-        kinds = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(layers + 1)]
-        return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["Step3p5ForCausalLM"],
-                "model_type": "step3p5", "num_attention_groups": 2, "head_dim": 16,
-                "attention_other_setting": {"attention_type": "sliding_attention", "num_attention_heads": 6,
-                                            "num_attention_groups": 2, "head_dim": 16, "true_head_dim": 16},
-                "layer_types": kinds, "sliding_window": 4, "use_head_wise_attn_gate": True, "use_qk_norm": True,
-                "rope_theta": [5000000.0 if k == "full_attention" else 10000.0 for k in kinds],
-                "partial_rotary_factors": [0.5 if k == "full_attention" else 1.0 for k in kinds],
-                "rope_scaling": {"rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 64,
-                                 "low_freq_factor": 1.0, "high_freq_factor": 32.0},
-                "yarn_only_types": ["full_attention"], "max_seq_len": 4096, "use_moe": True,
-                "moe_layers_enum": ",".join(str(i) for i in range(1, layers)), "moe_num_experts": 4,
-                "moe_top_k": 2, "moe_intermediate_size": 32, "share_expert_dim": 32,
-                "moe_router_activation": "sigmoid", "moe_router_scaling_factor": 3.0, "norm_expert_weight": True,
-                "use_moe_router_bias": True, "need_fp32_gate": True, "att_impl_type": "GQA",
-                "moe_layer_offset": 0, "moe_every_n_layer": 1, "swiglu_limits": [0.0] * (layers - 1) + [7.0, 0.0],
-                "swiglu_limits_shared": [0.0] * (layers - 1) + [16.0, 0.0], "zero_centered": True,
-                "sink": False, "use_rope_layers": []}
-    if family == "longcat_flash":  # LongCat-Flash's keys: `num_layers` of two MLA sublayers, MLPs and experts each
-        return {**{k: v for k, v in common.items() if k not in (*MOE, "num_hidden_layers", "intermediate_size")},
-                "architectures": ["LongcatFlashForCausalLM"], "model_type": "longcat_flash", "num_layers": layers,
-                "ffn_hidden_size": 2 * hidden, "expert_ffn_hidden_size": 32, "n_routed_experts": 4,
-                "zero_expert_num": 2, "zero_expert_type": "identity", "moe_topk": 2, "routed_scaling_factor": 6.0,
-                "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_rope_head_dim": 8,
-                "qk_nope_head_dim": 16, "v_head_dim": 16, "mla_scale_q_lora": True, "mla_scale_kv_lora": True,
-                "attention_method": "MLA", "norm_topk_prob": False, "router_bias": False, "rope_scaling": None}
-    if family == "bailing_hybrid":  # Ling / Ring 2.5's keys: a gated linear attention layer, then an MLA one, ...
-        return {**{k: v for k, v in common.items() if k not in MOE}, "architectures": ["BailingMoeV2_5ForCausalLM"],
-                "model_type": "bailing_hybrid", "num_hidden_layers": 4, "layer_group_size": 2, "group_norm_size": 4,
-                "num_key_value_heads": 4, "head_dim": 16, "q_lora_rank": 48, "kv_lora_rank": 32,
-                "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16, "partial_rotary_factor": 0.5,
-                "rope_interleave": True, "rope_scaling": None, "use_qk_norm": True, "use_qkv_bias": False,
-                "use_bias": False, "num_experts": 4, "num_experts_per_tok": 2, "num_shared_experts": 1,
-                "moe_intermediate_size": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
-                "routed_scaling_factor": 2.5, "score_function": "sigmoid", "moe_router_enable_expert_bias": True,
-                "norm_topk_prob": True, "pad_token_id": 0}
-    if family == "nemotron_h":  # Nemotron 3 Super's MTP keys: one layer of an attention and an expert sublayer
-        return {**nemotron_h_config(vocab, hidden=hidden), "num_nextn_predict_layers": 1,
-                "mtp_hybrid_override_pattern": "*E"}
-    if family == "bailing_moe_v3":  # Ling 3.0's keys: Kimi's delta attention (KDA) layers, then an MLA one, ...;
-        return {**config("bailing_hybrid", vocab, hidden, layers),  # declared bailing_hybrid, run by mlx-lm's
-                "architectures": ["BailingMoeV3ForCausalLM"], "moe_shared_expert_intermediate_size": 32,  # V3
-                "short_conv_kernel_size": 4, "kda_lower_bound": -5.0, "kda_safe_gate": True, "no_kda_lora": True}
-    return {**common, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_key_value_heads": 2,
-            "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": True, "attention_bias": True,
-            "rope_scaling": None, "n_group": 1}
-
-
+             "nemotron_h": "backbone.embeddings.weight", "kimi_k3": "language_model.model.embed_tokens.weight"}
+HEAD = {"kimi_k3": "language_model.lm_head.weight"}  # the target's output head, where not lm_head
 def is_moe(cfg: dict, i: int) -> bool:
     """Whether layer i (the MTP block: i = num_hidden_layers) is a mixture of experts (Nemotron-H's pattern says
     which of its layers are: `layer_shapes` reads it)."""
@@ -161,7 +53,8 @@ def swiglu(name: str, h: int, inter: int) -> dict[str, tuple[int, ...]]:
 
 def depth(cfg: dict) -> int:
     """The target's layers (LongCat calls them `num_layers`)."""
-    return cfg.get("num_hidden_layers", cfg.get("num_layers"))
+    text = text_config(cfg)
+    return text.get("num_hidden_layers", text.get("num_layers"))
 
 
 def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
@@ -170,6 +63,8 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
         return longcat_layer_shapes(cfg, p)
     if cfg["model_type"] == "bailing_hybrid":
         return bailing_layer_shapes(cfg, p)
+    if cfg["model_type"] == "kimi_k3":
+        return kimi_layer_shapes(cfg, p)
     if cfg["model_type"] == "nemotron_h":  # its MTP layer: a sublayer per letter of its own pattern
         sublayers = nemotron_h_shapes({**cfg, "hybrid_override_pattern": cfg["mtp_hybrid_override_pattern"]})
         return {p + k[len("backbone."):]: v for k, v in sublayers.items() if k.startswith("backbone.layers.")}
@@ -268,6 +163,48 @@ def bailing_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def kimi_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
+    """Kimi K3's layer as Moonshot publishes it: mlx-lm's layer at its index (delta attention or MLA; dense or
+    latent experts; the MTP block past the last without attention residuals), each expert on its own as w1 / w2 /
+    w3 under `block_sparse_moe`, the delta attention's q, k, v and their convolutions (C, 1, K) apart, its decay
+    (1, 1, H, 1), the MLA's key and value projection whole, the residuals' projections and norms as two tensors."""
+    from dataclasses import replace
+
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import kimi_k3
+
+    text, index = text_config(cfg), int(p.rsplit(".", 2)[-2])
+    args = kimi_k3.TextArgs.from_dict(text)
+    layer = kimi_k3.KimiK3DecoderLayer(args if index < depth(cfg) else replace(args, attn_res_block_size=None), index)
+    shapes, heads = {}, text["num_attention_heads"]
+    for name, value in tree_flatten(layer.parameters()):
+        moe = name.startswith("mlp.") and isinstance(layer.mlp, kimi_k3.KimiK3SparseMoE)
+        stored = p + ("block_sparse_moe." + name[len("mlp."):] if moe else name)
+        if ".switch_mlp." in name:
+            w = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[name.split(".")[2]]
+            for e in range(value.shape[0]):
+                shapes[f"{p}block_sparse_moe.experts.{e}.{w}.weight"] = value.shape[1:]
+        elif name == "mlp.e_score_correction_bias":
+            shapes[p + "block_sparse_moe.gate.e_score_correction_bias"] = value.shape
+        elif name.endswith("unembed_out.weight"):
+            continue
+        elif name.endswith("embed_q.weight"):
+            shapes[p + "self_attn.kv_b_proj.weight"] = (heads * (text["qk_nope_head_dim"] + text["v_head_dim"]),
+                                                        text["kv_lora_rank"])
+        elif name.endswith("qkv_proj.weight"):
+            shapes.update({f"{p}self_attn.{x}_proj.weight": (value.shape[0] // 3, value.shape[1]) for x in "qkv"})
+        elif name.endswith("qkv_conv.conv.weight"):
+            shapes.update({f"{p}self_attn.{x}_conv1d.weight": (value.shape[0] // 3, 1, value.shape[1]) for x in "qkv"})
+        elif name.endswith("A_log"):
+            shapes[stored] = (1, 1, value.shape[0], 1)
+        elif name.endswith(("_res_proj.weight", "_res_norm.weight")):
+            res, part = name.rsplit("_", 1)
+            shapes[f"{p}{res}.{part.split('.')[0]}_weight"] = value.shape
+        else:
+            shapes[stored] = value.shape
+    return shapes
+
+
 def exaone_layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
     """K-EXAONE's layer: no attention biases, q / k norms, the router's correction bias beside its gate."""
     h, hd = cfg["hidden_size"], cfg["head_dim"]
@@ -352,11 +289,14 @@ def target_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     """The target's own tensors."""
     if cfg["model_type"] == "nemotron_h":
         return nemotron_h_shapes(cfg)
-    h, v = cfg["hidden_size"], cfg["vocab_size"]
-    shapes = {EMBEDDING.get(family_of(cfg), "model.embed_tokens.weight"): (v, h), "model.norm.weight": (h,),
-              "lm_head.weight": (v, h)}
+    h, v = text_config(cfg)["hidden_size"], text_config(cfg)["vocab_size"]
+    model = "language_model.model." if cfg["model_type"] == "kimi_k3" else "model."
+    shapes = {EMBEDDING.get(family_of(cfg), "model.embed_tokens.weight"): (v, h), f"{model}norm.weight": (h,),
+              HEAD.get(family_of(cfg), "lm_head.weight"): (v, h)}
+    if cfg["model_type"] == "kimi_k3":  # the output's attention residual
+        shapes.update({f"{model}output_attn_res.proj_weight": (1, h), f"{model}output_attn_res.norm_weight": (h,)})
     for i in range(depth(cfg)):
-        shapes.update(layer_shapes(cfg, f"model.layers.{i}.", moe=is_moe(cfg, i)))
+        shapes.update(layer_shapes(cfg, f"{model}layers.{i}.", moe=is_moe(cfg, i)))
     return shapes
 
 
@@ -364,8 +304,9 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     """Norms near 1 (near 0 where stored zero-centred), biases and the router's correction bias small, matrices
     scaled by their fan-in, the output heads and embedding by 0.5; Mamba 2's decay rates spread, as it starts."""
     rng = np.random.default_rng(seed)
-    h, v, n = cfg["hidden_size"], cfg["vocab_size"], depth(cfg)
+    h, v, n = text_config(cfg)["hidden_size"], text_config(cfg)["vocab_size"], depth(cfg)
     embed = EMBEDDING.get(family_of(cfg), "model.embed_tokens.weight")
+    lm_head = HEAD.get(family_of(cfg), "lm_head.weight")
     family, p = FAMILIES[family_of(cfg)], prefix(cfg)
     shapes = target_shapes(cfg)
     shapes.update(layer_shapes(cfg, p + family.block_prefix, moe=is_moe(cfg, n)))
@@ -377,20 +318,22 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     for name, shape in shapes.items():
         if mamba and name.endswith("A_log"):  # decay rates A = -exp(A_log) spread over 1..heads, as Mamba 2 starts
             weights[name] = (np.log(np.arange(1, shape[0] + 1)) + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif cfg["model_type"] == "kimi_k3" and name.endswith("A_log"):  # its decay drawn in [1, 16], as it starts
+            weights[name] = np.log(rng.uniform(1, 16, shape)).astype(np.float32)
         elif mamba and name.endswith((".D", "dt_bias")):  # its skip and step bias near 1
             weights[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        elif name.endswith("norm.weight"):
+        elif name.endswith(("norm.weight", "norm_weight")):
             weights[name] = (float(not family.zero_centred) + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         elif len(shape) == 1:
             weights[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
-        elif name in (embed, "lm_head.weight", f"{p}{family.head}.weight",
+        elif name in (embed, lm_head, f"{p}{family.head}.weight",
                       f"{p}{family.embedding}.weight"):
             weights[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
         else:
             weights[name] = (2.0 * rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
     if family.copies:  # DeepSeek and GLM store copies of the embedding and head
         weights[p + "embed_tokens.weight"] = weights[embed]
-        weights[p + "shared_head.head.weight"] = weights["lm_head.weight"]
+        weights[p + "shared_head.head.weight"] = weights[lm_head]
     return weights
 
 
@@ -439,13 +382,13 @@ def train_nextn(out_dir: str | Path, checkpoint: Path, texts: list[str], steps: 
     rows = []
     for sequence in greedy_continuations(target, load_tokenizer(checkpoint), texts, tokens=120):
         hidden = language(target)(mx.array(sequence)[None])[0]
-        labels = mx.argmax(target.lm_head(hidden), -1)
+        labels = mx.argmax(layout.output_head(target)(hidden), -1)
         read = target_states(target, sequence) if family.reads == "pre" else hidden
         rows.append((embed(mx.array(sequence[1:])), read[:-1], labels[1:]))
     mx.eval(rows)
 
     def loss(nextn):
-        total, head = 0.0, nextn.head if family.head else target.lm_head
+        total, head = 0.0, nextn.head if family.head else layout.output_head(target)
         for embeddings, hidden, labels in rows:
             out = nextn(embeddings[None], hidden[None], nextn.make_cache())[0]
             total = total + nn.losses.cross_entropy(head(nextn.head_input(out)), labels).mean()

@@ -188,7 +188,8 @@ def run(engine: Engine, input_path: str | Path, output_path: str | Path, max_tok
             tokens += result.stats.generated_tokens
             if bar:
                 bar.update(1)
-                bar.set_postfix_str(f"{tokens / (time.perf_counter() - start):.0f} tok/s in all, {result.stats.drafter} "
+                speed = tokens / (time.perf_counter() - start)
+                bar.set_postfix_str(f"{speed:.0f} tok/s in all, {result.stats.drafter} "
                                     f"acceptance {result.stats.acceptance_rate:.0%}")
             yield record
     if bar:

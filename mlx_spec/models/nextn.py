@@ -23,7 +23,10 @@ embeds the drafted token with its own embedding, its block one MLA sublayer of L
 2.5 and 3.0 (both declared `bailing_hybrid`; mlx-lm runs 3.0 as `bailing_moe_v3`, the key here) store Qwen3.5's
 equations under DeepSeek's names, an MLA + MoE block over targets whose linear attention layers replay to roll back.
 Nemotron-H's layer (Nemotron 3 Super, Ultra) is a chain of sublayers of the target's own kinds, attention then
-experts as `mtp_hybrid_override_pattern` says, its output norm on the last (`layers.{last}.final_layernorm`).
+experts as `mtp_hybrid_override_pattern` says, its output norm on the last (`layers.{last}.final_layernorm`). Kimi
+K3 declares its layer in its `text_config` and stores it under `language_model.`: DeepSeek's equations over the
+target's state before its final norm (after the output's attention-residual mix), its block Kimi's MLA + MoE layer
+with the attention residuals off.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from mlx_lm.models import (
     glm4_moe,
     glm4_moe_lite,
     glm_moe_dsa,
+    kimi_k3,
     longcat_flash,
     mimo,
     mimo_v2_flash,
@@ -70,8 +74,10 @@ class Family:
     its norms are stored zero-centred (x * (1 + w)), whether its attention is DeepSeek's sparse one, whose cache
     holds the indexer's keys beside its own (`indexed`), its own embedding, the config its block is built from
     (`block_config`: the target's, or changed where the block is not of its kind) and where its tensors go through
-    `Model.sanitize` (`sanitized_as`). A name's `{last}` is the index of the layer's last sublayer (Nemotron-H: one
-    sublayer per letter of `mtp_hybrid_override_pattern`)."""
+    `Model.sanitize` (`sanitized_as`), and the module's classes that read the block's arguments (`arguments`) and
+    convert its tensors (`sanitizer`; Kimi K3: its text model's). A name's `{last}` is the index of the layer's last
+    sublayer (Nemotron-H: one sublayer per letter of `mtp_hybrid_override_pattern`). A config nested under
+    `text_config` is read there."""
 
     module: object
     block: Callable[[object], nn.Module]
@@ -89,8 +95,10 @@ class Family:
     zero_centred: bool = False
     indexed: bool = False
     embedding: str | None = None  # the name of the layer's own token embedding (None: the target's)
-    block_config: Callable[[dict], dict] = lambda config: config  # what the block's ModelArgs are read from
+    block_config: Callable[[dict], dict] = lambda config: config  # what the block's arguments are read from
     sanitized_as: str = "model.layers.0."  # where the block's tensors go through mlx-lm's Model.sanitize
+    arguments: str = "ModelArgs"
+    sanitizer: str = "Model"
 
 
 class LongcatBlock(nn.Module):
@@ -126,6 +134,14 @@ class NemotronBlock(nn.Module):
         for layer in self.layers:
             x = layer(x, mask=mask, cache=cache if layer.block_type == "*" else None)
         return x
+
+
+class KimiBlock(kimi_k3.KimiK3DecoderLayer):
+    """Kimi K3's MTP block: its decoder layer at the layer's index (MLA + MoE) built without attention residuals,
+    as vLLM builds it, returning its output alone."""
+
+    def __call__(self, x: mx.array, mask=None, cache=None) -> mx.array:
+        return super().__call__(x, mask=mask, cache=cache)[0]
 
 
 FAMILIES = {
@@ -172,14 +188,22 @@ FAMILIES = {
         "layers.0.eh_proj", "layers.{last}.final_layernorm"), "mtp.", copies=(), feeds_normed=True,  # Ultra:
         eps="layer_norm_epsilon", sanitized_as="backbone.",  # sublayers in a pattern, each one of the target's
         block_config=lambda config: {**config, "hybrid_override_pattern": config.get("mtp_hybrid_override_pattern")}),
+    "kimi_k3": Family(kimi_k3, lambda args: KimiBlock(args, args.num_hidden_layers),  # Kimi K3: DeepSeek's
+        prefix="language_model.model.layers.{n}.", reads="pre", arguments="TextArgs",  # equations in its text model
+        sanitizer="LanguageModel", block_config=lambda config: {**config, "attn_res_block_size": None}),
 }
 STORED = "nextn."  # the prefix of the layer's tensors in `mlx-spec convert` output (mtp.safetensors)
 
 compat.drop_nextn_layers()  # before any DeepSeek-V3 checkpoint is loaded: mlx-lm drops depth 61 only
 
 
+def text_config(config: dict) -> dict:
+    """The language model's part of a checkpoint's config (Kimi K3 nests it under `text_config`)."""
+    return config.get("text_config", config)
+
+
 def declared_nextn_layers(config: dict) -> int:
-    return config.get("num_nextn_predict_layers", 0) or 0
+    return text_config(config).get("num_nextn_predict_layers", 0) or 0
 
 
 def is_nextn(config: dict) -> bool:
@@ -202,7 +226,8 @@ class NextN(nn.Module):
     def __init__(self, config: dict):
         super().__init__()
         self.family = FAMILIES[family_of(config)]
-        self.args = self.family.module.ModelArgs.from_dict(self.family.block_config(config))
+        arguments = getattr(self.family.module, self.family.arguments)
+        self.args = arguments.from_dict(self.family.block_config(text_config(config)))
         h, eps = self.args.hidden_size, getattr(self.args, self.family.eps)
         self.window = self.family.window(self.args)
         self.enorm, self.hnorm = nn.RMSNorm(h, eps=eps), nn.RMSNorm(h, eps=eps)
@@ -239,7 +264,7 @@ def target_state(config: dict) -> str:
 
 
 def prefix(config: dict) -> str:
-    return FAMILIES[family_of(config)].prefix.format(n=config.get("num_hidden_layers"))
+    return FAMILIES[family_of(config)].prefix.format(n=text_config(config).get("num_hidden_layers"))
 
 
 def own_names(config: dict) -> tuple[str, ...]:
@@ -292,7 +317,8 @@ def build_nextn(config: dict, tensors: dict, original: bool, quantization: dict 
         own, inner = ours(config), family.block_prefix
         block = {renamed(k[len(inner):], family.renames): v for k, v in weights.items()
                  if k not in own and k.startswith(inner) and not k.startswith(family.copies)}
-        converted = compat.convert_layer(family.module, nextn.args, block, family.sanitized_as)
+        converted = compat.convert_layer(getattr(family.module, family.sanitizer).sanitize, nextn.args,
+                                         nextn.layers[0], block, family.sanitized_as)
         weights = {**{mine: weights[theirs] for theirs, mine in own.items() if theirs in weights},
                    **{f"layers.0.{k}": v for k, v in converted.items()}}
         if family.zero_centred:  # mlx-lm's norms multiply by w: its sanitize adds the 1 to a target's, not here

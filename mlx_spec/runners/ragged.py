@@ -375,7 +375,8 @@ class RaggedBatch:
                     parts.append(tree_map(lambda part: _shift(part[..., :batch.columns, :], pad), buffer))
                 stacked.append(tree_map(lambda a, b: mx.concatenate([a, b], axis=0), *parts))
             mine.keys, mine.values = stacked
-        self.valid = np.concatenate([np.pad(batch.valid[:, :batch.columns], ((0, 0), (pad, 0))) for batch, pad in sides])
+        self.valid = np.concatenate([np.pad(batch.valid[:, :batch.columns], ((0, 0), (pad, 0)))
+                                     for batch, pad in sides])
         self.columns = self.capacity = width
 
     def _make_room(self, n: int) -> None:

@@ -100,7 +100,8 @@ class Images:
     def piece_end(self, start: int, end: int) -> int:
         """Where a prefill piece from `start` meant to end at `end` ends: not inside an image the model reads
         whole (`whole`), but before it, or after it when the piece starts in it."""
-        if not self.whole or end >= len(self.prompt) or self.blocks[end] < 0 or self.blocks[end - 1] != self.blocks[end]:
+        if (not self.whole or end >= len(self.prompt) or self.blocks[end] < 0
+                or self.blocks[end - 1] != self.blocks[end]):
             return end
         first = int(np.flatnonzero(self.blocks == self.blocks[end])[0])
         return first if first > start else int(np.flatnonzero(self.blocks == self.blocks[end])[-1]) + 1

@@ -31,9 +31,9 @@ mlx-spec relies on things mlx-lm does not promise to keep between releases:
   the `sharding_group` a sharded Qwen3.5 GDN layer and head carry (`models/qwen3_5.py` sums and gathers as
   mlx-lm's do); no single process can check these: every round the ranks compare what they accepted
   (`distributed.Lockstep.agree`), and the tests compare two ranks with one process;
-- for nextn MTP layers (models/nextn.py): a DeepSeek-V3 / GLM-4.5 `Model.sanitize` that reads only `self.args`
-  and converts the Hugging Face tensors of every layer below `num_hidden_layers` (the nextn block goes through it
-  as layer 0), and DeepSeek-V3's, which drops the nextn layer only at index 61 (`drop_nextn_layers` drops it at
+- for nextn MTP layers (models/nextn.py): a model's `sanitize` that reads only `self.args` and its layers and
+  converts the Hugging Face tensors of every layer below `num_hidden_layers` (the nextn block goes through it as
+  layer 0), and DeepSeek-V3's, which drops the nextn layer only at index 61 (`drop_nextn_layers` drops it at
   any depth);
 - for the prompt cache across conversations: each cache's `state`, the arrays and numbers that place them
   (`cache_state`), which set on a fresh cache of the same type makes it hold the same positions;
@@ -113,19 +113,23 @@ def swap_class(obj, cls) -> None:
     obj.__class__ = cls
 
 
-def convert_layer(module, args, tensors: dict, under: str = "model.layers.0.") -> dict:
-    """One decoder layer's Hugging Face tensors (names relative to the layer) in the form `module`'s (mlx-lm's
-    deepseek_v3 or glm4_moe) layers load: its Model.sanitize, run on them as layer 0 (`under`: where that model
-    keeps it; Nemotron-H's MTP sublayers go under `backbone.`, as its layers `layers.{i}`)."""
-    converted = module.Model.sanitize(_ArgsOnly(args), {f"{under}{k}": v for k, v in tensors.items()})
+def convert_layer(sanitize, args, layer, tensors: dict, under: str = "model.layers.0.") -> dict:
+    """One decoder layer's Hugging Face tensors (names relative to the layer) in the form mlx-lm's layers load:
+    `sanitize` (a model class's, e.g. deepseek_v3.Model.sanitize) run on them as those of a model whose one layer,
+    at index 0, is `layer` (`under`: where that model keeps it; Nemotron-H's MTP sublayers go under `backbone.`, as
+    its layers `layers.{i}`)."""
+    converted = sanitize(_OneLayer(args, layer), {f"{under}{k}": v for k, v in tensors.items()})
     if not all(k.startswith(under) for k in converted) or any(".experts.0." in k for k in converted):
-        raise broken(f"{module.__name__}.Model.sanitize (the conversion of a layer's expert and attention tensors)")
+        raise broken(f"{sanitize.__qualname__} (the conversion of a layer's expert and attention tensors)")
     return {k[len(under):]: v for k, v in converted.items()}
 
 
-class _ArgsOnly:
-    def __init__(self, args):
-        self.args = args
+class _OneLayer:
+    """What a model's `sanitize` reads of it: its arguments, and its layers (Kimi K3's converts by their kinds)."""
+
+    def __init__(self, args, layer):
+        self.args, self.layers = args, [layer]
+        self.model = self
 
 
 def drop_nextn_layers() -> None:

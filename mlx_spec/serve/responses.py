@@ -197,7 +197,8 @@ def finished(response: dict, done: Done, output: list[dict], chat_usage: dict) -
     incomplete = done.stop_reason == "max_tokens"
     return {**response, "status": "incomplete" if incomplete else "completed", "output": output,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "usage": {"input_tokens": s.prompt_tokens, "input_tokens_details": {"cached_tokens": s.reused_prompt_tokens},
+            "usage": {"input_tokens": s.prompt_tokens,
+                      "input_tokens_details": {"cached_tokens": s.reused_prompt_tokens},
                       "output_tokens": s.generated_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": s.prompt_tokens + s.generated_tokens,
                       **{k: v for k, v in chat_usage.items() if not k.startswith(("prompt", "completion", "total"))}}}
