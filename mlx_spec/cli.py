@@ -126,6 +126,8 @@ def load_engine(args):
     if notice:
         print(notice, file=sys.stderr)
     status = engine.status()
+    if status.notice:
+        print(status.notice, file=sys.stderr)
     drafter = f"{status.drafter}, {status.shape}, {status.policy}" if status.drafter != "off" else "off"
     print(f"drafter: {drafter} | BLAS: {linux_blas.describe()}", file=sys.stderr)
     return engine

@@ -19,6 +19,7 @@ from .runners.checkpoint import (
     kv_quantization_problem,
     load_checkpoint,
     read_config,
+    unread_mtp_claim,
 )
 from .runners.target import Target
 from .runners.vision import Vision
@@ -107,12 +108,16 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
     drafter's kinds (`drafters.kinds.DRAFTERS`) that recognises the checkpoints given is checked against the
     target, tells what it reads of it, and is built."""
     declares_mtp = declared_mtp_layers(target.config) + declared_nextn_layers(target.config) > 0
+    unread = None if declares_mtp or mtp_path else unread_mtp_claim(target.config, target.path)
+    notice = unread and not drafter  # the default drafter is not the MTP layer the config claims
     drafter = drafter or default_drafter(bool(draft_model), declares_mtp or bool(mtp_path),
                                          bool(target.default_draft_model))
     draft_model = draft_model or target.default_draft_model
     check_options(drafter, draft_len, mtp_hidden, tree_width)
     if drafter == "draft-model" and not draft_model:
         raise SpecError("--drafter draft-model needs --draft-model PATH_OR_REPO")
+    if drafter == "mtp" and unread:
+        raise SpecError(f"MTP drafting cannot run: {unread}; use --drafter ngram or --draft-model")
     if drafter == "mtp" and not (declares_mtp or mtp_path):
         raise SpecError(f"{target.path} declares no MTP layer (mtp_num_hidden_layers, num_nextn_predict_layers): "
                         "train one with `mlx-spec train-mtp` and give it with --mtp-path, or use --drafter ngram or "
@@ -157,6 +162,7 @@ def make_engine(target: LoadedTarget, draft_model: str | None = None, drafter: s
                              f"kv {kv_bits}", f"width {chosen.width if chosen else 1}", str(target.distributed)),
                     target.vision)
     engine.lockstep = target.lockstep
+    engine.notice = f"{unread}: drafting with {drafter}" if notice else None
     return engine
 
 

@@ -342,3 +342,33 @@ def test_a_sparse_attentions_caches_are_never_quantized(tiny):
     target, _ = load_model(tiny["glm_moe_dsa"])
     with pytest.raises(mlx_spec.SpecError, match="sparse attention .* cannot be quantized: drop --kv-bits"):
         make_caches(target, 4, kv_bits=8)
+
+
+def test_an_mtp_layer_claimed_under_a_key_not_read_is_told(tiny, tmp_path):
+    """MiniMax M2 declares three MTP modules (`num_mtp_modules`, `use_mtp`) and publishes none: the default drafter
+    says why it is not MTP, and `--drafter mtp` is refused naming the claim; a checkpoint that does hold such
+    tensors (MiniMax M3's `language_model.model.mtp.layers.{i}`) is told apart by them."""
+    from safetensors.numpy import save_file
+
+    from mlx_spec.runners.checkpoint import unread_mtp_claim
+
+    claims = shutil.copytree(tiny["qwen3"], tmp_path / "claims")
+    config = json.loads((claims / "config.json").read_text())
+    (claims / "config.json").write_text(json.dumps({**config, "use_mtp": True, "num_mtp_modules": 3}))
+    proc = run_cli("generate", "--model", str(claims), "--prompt", "hi", "--max-tokens", "4")
+    assert proc.returncode == 0, proc.stderr
+    told = "claims declares 3 MTP layer(s) (num_mtp_modules) but holds no MTP tensors (none were published): " \
+           "drafting with ngram"
+    assert told in proc.stderr.splitlines() and "drafter: ngram" in proc.stderr
+    assert told not in run_cli("generate", "--model", str(claims), "--prompt", "hi", "--max-tokens", "4",
+                               "--drafter", "ngram").stderr  # chosen, not defaulted: nothing to tell
+    assert_one_line_error(run_cli("generate", "--model", str(claims), "--drafter", "mtp", "--prompt", "hi"),
+                          "declares 3 MTP layer(s) (num_mtp_modules) but holds no MTP tensors", "--drafter ngram")
+    nested = tmp_path / "nested"
+    nested.mkdir()
+    (nested / "config.json").write_text(json.dumps({"text_config": {"num_mtp_modules": 1}}))
+    save_file({"language_model.model.mtp.layers.0.eh_proj.weight": np.zeros((2, 4), np.float32)},
+              str(nested / "model.safetensors"))
+    assert unread_mtp_claim(json.loads((nested / "config.json").read_text()), nested) == \
+        "nested declares 1 MTP layer(s) (num_mtp_modules) of a kind MTP drafting does not read yet"
+    assert unread_mtp_claim(config, claims) is None

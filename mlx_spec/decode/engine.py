@@ -45,6 +45,7 @@ class EngineStatus:
     next_draft_len: int | None = None  # what the next round is set to draft (the adaptive policy's latest
     # choice; 0: drafting off), None where unknown
     reasons: list[str] = field(default_factory=list)  # why: each length's expected speed, acceptance, costs
+    notice: str | None = None  # what to tell of the drafter chosen by default (an MTP layer claimed, not read)
 
 
 def check_draft_len(n: int | None) -> None:
@@ -93,6 +94,7 @@ class Engine:
         self.pin(draft_len)
         self.policy = self.next_policy
         self.lockstep = None  # distributed.Lockstep: this engine's target is sharded across ranks kept in step
+        self.notice: str | None = None  # what to tell of its drafter, chosen by default (EngineStatus.notice)
 
     def pin(self, draft_len: int | None, tree_width: int | None = None) -> None:
         """Fix the draft length (0 turns drafting off), or None to let the adaptive policy choose, from the next
@@ -137,7 +139,7 @@ class Engine:
         return EngineStatus(self.drafter.name if self.drafter else "off", policy.note,
                             policy.pinned, self.max_draft_len, self.drafters,
                             shape(self.drafter, self.tree_width),
-                            policy.draft_len if self.drafter else 0, policy.explain())
+                            policy.draft_len if self.drafter else 0, policy.explain(), self.notice)
 
     def cache_prompts(self, budget: int) -> None:
         """Keep the sequences generations ran, besides the last, in at most `budget` bytes (0: none), so that a

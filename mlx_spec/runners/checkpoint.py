@@ -75,6 +75,37 @@ def load_checkpoint(path: Path, what: str, split=None):
     return model, tokenizer, config
 
 
+def tensor_names(path: Path) -> list[str]:
+    """The names of the tensors in a checkpoint directory's safetensors files (its index's, where it has one)."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return list(json.loads(index.read_text())["weight_map"])
+    names = []
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), "numpy") as tensors:
+            names += list(tensors.keys())
+    return names
+
+
+UNREAD_MTP = {"num_mtp_modules": lambda text: text.get("num_mtp_modules"),  # MiniMax M2 / M3
+              "mtp_config.num_nextn_predict_layers":  # Inkling
+              lambda text: (text.get("mtp_config") or {}).get("num_nextn_predict_layers")}
+
+
+def unread_mtp_claim(config: dict, path: Path) -> str | None:
+    """What a config claims of MTP layers under a key no drafter here reads (`UNREAD_MTP`), and whether the
+    checkpoint holds MTP tensors at all; None where it claims none."""
+    text = config.get("text_config", config)
+    key, count = next(((key, count) for key, read in UNREAD_MTP.items() if (count := read(text))), (None, None))
+    if not count:
+        return None
+    held = any(part.startswith("mtp") for name in tensor_names(path) for part in name.split("."))
+    return (f"{path.name} declares {count} MTP layer(s) ({key}) " +
+            ("of a kind MTP drafting does not read yet" if held else "but holds no MTP tensors (none were published)"))
+
+
 def kv_quantization_problem(config: dict, group_size: int) -> str | None:
     """Why this model's KV cache cannot be quantized in groups of `group_size` (None when it can)."""
     text = config.get("text_config", config)
