@@ -17,6 +17,7 @@ import httpx
 import pytest
 from helpers import (KEY, PROMPT, assert_one_line_error, default_ctrl_c, free_port, mlx_lm_text, plain_greedy,
                      run_cli)
+from test_grammar import PERSON, from_schema, reference
 
 import mlx_spec
 from mlx_spec.core.prompts import render_prompt
@@ -169,9 +170,23 @@ def test_other_drafters_and_caches_on_two_ranks_are_one_process(tiny, tmp_path, 
     assert outputs[1][0] == ""
 
 
+def test_constrained_output_on_two_ranks_is_plain_constrained_decoding(tiny, tmp_path):
+    """`generate --json-schema` across two ranks: each builds the grammar over its own tokenizer from what rank 0
+    hands on; the output is mlx-lm's plain greedy decoding masked by llguidance's matcher of the schema."""
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    proc = mlx_launch("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]),
+                      "--distributed", "tensor", "--raw", "--json", "--max-tokens", "40", "--json-schema",
+                      str(schema), "--prompt", PROMPT)
+    result = generated(proc)
+    ids = render_prompt(mlx_spec.load(str(tiny["qwen3"]), drafter="off").tokenizer, PROMPT, raw=True)
+    assert result["tokens"] == reference(tiny["qwen3"], ids, from_schema(PERSON), 40)[:len(result["tokens"])]
+    assert result["text"].startswith('{"name":"') and result["stats"]["drafted"] > 0
+
+
 def test_tensor_parallel_qwen3_with_a_draft_model_serves_clients_in_a_batch(tiny, tmp_path):
-    """Rank 0 serves (real clients over HTTP, at once: their requests share a batch), rank 1 follows each batch;
-    Ctrl+C ends both."""
+    """Rank 0 serves (real clients over HTTP, at once: their requests share a batch, one of them constrained to a
+    JSON schema), rank 1 follows each batch; Ctrl+C ends both."""
     port = free_port()
     args = ["serve", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]), "--distributed",
             "tensor", "--port", str(port), "--api-key", KEY]
@@ -179,14 +194,19 @@ def test_tensor_parallel_qwen3_with_a_draft_model_serves_clients_in_a_batch(tiny
     url, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {KEY}"}
     prompts = ["def main():", PROMPT, PROMPT * 2]
 
-    def complete(prompt: str) -> dict:
-        return httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 24}, headers=headers,
-                          timeout=120).json()
+    shape = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+
+    def complete(prompt: str, constrained: bool = False) -> dict:
+        return httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 24,
+                                                         **({"response_format": shape} if constrained else {})},
+                          headers=headers, timeout=120).json()
 
     try:
         wait_until_serving(port, ranks)
-        with ThreadPoolExecutor(len(prompts)) as pool:
+        with ThreadPoolExecutor(len(prompts) + 1) as pool:
+            constrained = pool.submit(complete, PROMPT, True)
             replies = list(pool.map(complete, prompts))
+            constrained = constrained.result()
     finally:
         ranks[0].send_signal(signal.SIGINT)
         codes = [rank.wait(timeout=60) for rank in ranks]
@@ -197,6 +217,8 @@ def test_tensor_parallel_qwen3_with_a_draft_model_serves_clients_in_a_batch(tiny
     assert [reply["choices"][0]["text"] for reply in replies] == [engine.generate(p, max_tokens=24).text
                                                                   for p in prompts]
     assert max(reply["usage"]["batch_size"] for reply in replies) > 1
+    expected = reference(tiny["qwen3"], engine.encode(PROMPT), from_schema(PERSON), 24)
+    assert constrained["choices"][0]["text"] == engine.tokenizer.decode(expected), constrained
 
 
 PIN_AND_STOP_MIDWAY = """

@@ -73,6 +73,7 @@ class Grammar:
         import llguidance
 
         text = grammar_text(kind, value)
+        self.source = (kind, value)  # what builds it again (another rank's, over its own tokenizer)
         self.tokenizer = ll_tokenizer(tokenizer)
         failed, problems = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
         if failed:

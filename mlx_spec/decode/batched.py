@@ -116,7 +116,7 @@ class BatchedDecoder:
         stop reason "stopped". The batch's rows are `rows`, in order."""
         agree, stops = None, lambda keys: [should_stop(key) for key in keys]
         if self.lockstep:  # every rank takes the leader's jobs and stops, and checks each round's tokens
-            take, stops, agree = self.lockstep.in_step(take, stops)
+            take, stops, agree = self.lockstep.in_step(take, stops, lambda job: job.rebuilt(self.tokenizer))
         rows, joining, batch = [], deque(), RaggedBatch(self.model, **self.kv)
         drafters = self.drafters = self.drafter.batched(batch) if self.drafter else None
         alone = self.alone

@@ -123,9 +123,6 @@ class Engine:
         self.check_fits(len(job.prompt), job.max_tokens)
         if job.images and self.lockstep:
             raise SpecError("images across distributed ranks are not supported yet: serve them from one process")
-        if job.grammar is not None and self.lockstep:
-            raise SpecError("constrained output across distributed ranks is not supported yet: serve it from one "
-                            "process")
 
     def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         """A SpecError unless a prompt of `prompt_tokens` and `max_tokens` more fit the model's context."""
@@ -235,7 +232,7 @@ class Engine:
         self.check_job(job)
         if self.lockstep:  # the other ranks run this generation too, by the engine's pin (`one_at_a_time` set it
             job = replace(job, draft_len=None)  # from the job's), which they agree on
-            self.lockstep.begin(self, context, job.params, job.max_tokens, list(job.stop), job.seed, job.prediction)
+            self.lockstep.begin(self, job)
         self.stop_requested = False
         self.policy = self.policy_now()
         self.policy.begin(len(context))  # round costs depend on the context's depth

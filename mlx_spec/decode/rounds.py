@@ -17,14 +17,14 @@ is unsure); a row's own pinned length first.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import mlx.core as mx
 
 from ..core.draft import Draft
 from ..core.events import Done, Round, Text, emit
-from ..core.grammar import FORCED_MOST
+from ..core.grammar import FORCED_MOST, Grammar
 from ..core.prediction import Prediction
 from ..core.sampling import SamplingParams, token_logprobs
 from ..core.stats import Stats
@@ -48,6 +48,14 @@ class Job:
     logprobs: int | None = None  # each Token's log-probability and this many likeliest tokens' (None: none)
     prediction: list[int] | None = None  # its predicted output (Predicted Outputs), which it drafts from
     images: Images | None = None  # its prompt's images (runners/vision.py; None: text only)
+
+    def portable(self) -> Job:
+        """This job as it crosses to other ranks (`distributed.Lockstep`): its grammar as its source."""
+        return replace(self, grammar=self.grammar.source) if self.grammar else self
+
+    def rebuilt(self, tokenizer) -> Job:
+        """A job that crossed (`portable`), its grammar built again over `tokenizer`."""
+        return replace(self, grammar=Grammar(tokenizer, *self.grammar)) if self.grammar else self
 
 
 class Row:

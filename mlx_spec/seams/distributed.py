@@ -147,12 +147,7 @@ class Generation:
     drafter: str  # that engine's drafter, to make the follower's sibling the first time
     policy: object  # the engine's draft-length policy as it stands (learnt costs and acceptance included)
     estimates: object  # what its drafter learnt of its drafts (n-gram's outlook; None: nothing), as it stands
-    prompt: list[int]
-    params: object
-    max_tokens: int
-    stop: list[str]
-    seed: int
-    prediction: list[int] | None
+    job: object  # the generation's Job as it crosses (`Job.portable`)
 
 
 @dataclass
@@ -210,13 +205,11 @@ class Lockstep:
                 self.engines.append(engine)
             self.share(make(self.engines.index(engine), engine.drafter.estimates() if engine.drafter else None))
 
-    def begin(self, engine, prompt: list[int], params, max_tokens: int, stop: list[str], seed: int,
-              prediction: list[int] | None) -> None:
-        """Called by `Engine.stream` as a generation starts: the leader sends it to the followers."""
+    def begin(self, engine, job) -> None:
+        """Called by `Engine.decode` as a generation of `job` starts: the leader sends it to the followers."""
         policy = engine.next_policy  # read once: a pin may land at any time
         self._announce(engine, lambda index, estimates: Generation(
-            index, engine.status().drafter, policy, estimates, list(prompt), params, max_tokens, list(stop), seed,
-            prediction))
+            index, engine.status().drafter, policy, estimates, job.portable()))
         self.policy = policy
 
     def begin_batch(self, engine, decoder, batch_size: int, draft_len: int | None) -> None:
@@ -227,18 +220,19 @@ class Lockstep:
         if not self.leader:
             decoder.policy, decoder.alone = self.announced.policies
 
-    def in_step(self, take, stops):
+    def in_step(self, take, stops, rebuilt):
         """A batch's `take`, `stops` (keys -> whether each stops) and round agreement (`RoundLoop.agree`) that
         every rank calls in the same order: each answers with the leader's, in one collective (two for a job
-        taken). A job runs as a copy whose draft length a pin changes between rounds only, on every rank at once
-        (the leader reads the caller's job as it shares its stops)."""
+        taken). A job runs as a copy, crossed (`Job.portable`) and `rebuilt` on every rank, whose draft length a pin
+        changes between rounds only, on every rank at once (the leader reads the caller's job as it shares its
+        stops)."""
         jobs = {}  # key -> (the job as the caller holds it, the copy the decoder runs)
 
         def shared_take():
             item = take() if self.leader else None
             if not self._decide(item is not None):
                 return None
-            job = self.share(item[1] if self.leader else None)
+            job = rebuilt(self.share(item[1].portable() if self.leader else None))
             key = item[0] if self.leader else len(jobs)
             jobs[key] = (item[1] if self.leader else job, job)  # `job` is a copy on every rank (unpickled)
             return key, jobs[key][1]
@@ -306,8 +300,7 @@ class Lockstep:
                 follower.follow_batch(job.batch_size, job.draft_len)
                 continue
             follower.next_policy = job.policy
-            for _ in follower.stream(job.prompt, job.params, job.max_tokens, job.stop, job.seed,
-                                     prediction=job.prediction):
+            for _ in follower.decode(job.job.rebuilt(follower.tokenizer)):
                 pass
         self.done = True
         return 0
