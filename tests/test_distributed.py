@@ -402,3 +402,29 @@ def test_distributed_needs_a_launcher_a_shardable_model_and_no_terminal(tiny):
     proc = mlx_launch("generate", "--model", str(tiny["qwen3"]), "--distributed", "pipeline", "--prompt", "x")
     assert "mlx-spec: error: mlx-lm" in proc.stderr and "cannot split" in proc.stderr, proc.stderr
     assert "--distributed tensor" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_images_on_two_ranks_are_mlx_vlms_plain_greedy(tiny, images, tmp_path):
+    """Qwen 3.5 with its vision tower across two ranks: rank 0 reads the images and hands their features and M-RoPE
+    positions on with each job, alone (`generate --image`, tensor-wise) and in a batch beside a text row (`batch`,
+    pipeline-wise); each image answer is mlx-vlm's plain greedy generation."""
+    from mlx_vlm import load
+    from test_vision import QUESTION, chat, reference_greedy
+
+    reference = load(str(tiny["qwen3_5-vision"]))
+    proc = mlx_launch("generate", "--model", str(tiny["qwen3_5-vision"]), "--distributed", "tensor", "--image",
+                      images[0], "--image", images[1], "--prompt", QUESTION, "--max-tokens", "16", "--json")
+    tokens = generated(proc)["tokens"]
+    assert tokens == reference_greedy(reference, images[:2], 16, QUESTION)[:len(tokens)] and len(tokens) > 4
+    requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text("".join(json.dumps(line) + "\n" for line in [
+        {"id": "wide", "messages": chat(images[:1])}, {"id": "both", "messages": chat(images)},
+        {"id": "text", "prompt": QUESTION}]))
+    proc = mlx_launch("batch", str(requests), "-o", str(out), "--model", str(tiny["qwen3_5-vision"]), "--distributed",
+                      "pipeline", "--max-tokens", "12", "--batch-size", "3", "--quiet")
+    results = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())} if out.exists() else {}
+    assert set(results) == {"wide", "both", "text"}, proc.stderr
+    for name, shown in (("wide", images[:1]), ("both", images)):
+        expected = reference[1].tokenizer.decode(reference_greedy(reference, shown, 12))
+        assert results[name]["text"] and expected.startswith(results[name]["text"]), name
+    assert max(r["stats"]["batch_size"] for r in results.values()) == 3

@@ -121,8 +121,6 @@ class Engine:
         """A SpecError unless this engine can decode `job`: it fits (`check_fits`), and its settings are served
         here."""
         self.check_fits(len(job.prompt), job.max_tokens)
-        if job.images and self.lockstep:
-            raise SpecError("images across distributed ranks are not supported yet: serve them from one process")
 
     def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         """A SpecError unless a prompt of `prompt_tokens` and `max_tokens` more fit the model's context."""
