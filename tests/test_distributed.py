@@ -176,12 +176,13 @@ def test_constrained_output_on_two_ranks_is_plain_constrained_decoding(tiny, tmp
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(PERSON))
     proc = mlx_launch("generate", "--model", str(tiny["qwen3"]), "--draft-model", str(tiny["qwen3-draft"]),
-                      "--distributed", "tensor", "--raw", "--json", "--max-tokens", "40", "--json-schema",
-                      str(schema), "--prompt", PROMPT)
+                      "--num-draft", "3", "--distributed", "tensor", "--raw", "--json", "--max-tokens", "40",
+                      "--json-schema", str(schema), "--prompt", PROMPT)
     result = generated(proc)
     ids = render_prompt(mlx_spec.load(str(tiny["qwen3"]), drafter="off").tokenizer, PROMPT, raw=True)
     assert result["tokens"] == reference(tiny["qwen3"], ids, from_schema(PERSON), 40)[:len(result["tokens"])]
     assert result["text"].startswith('{"name":"') and result["stats"]["drafted"] > 0
+    assert 0 < result["stats"]["accepted"] < result["stats"]["drafted"]
 
 
 def test_tensor_parallel_qwen3_with_a_draft_model_serves_clients_in_a_batch(tiny, tmp_path):
@@ -412,16 +413,20 @@ def test_images_on_two_ranks_are_mlx_vlms_plain_greedy(tiny, images, tmp_path):
     from test_vision import QUESTION, chat, reference_greedy
 
     reference = load(str(tiny["qwen3_5-vision"]))
-    proc = mlx_launch("generate", "--model", str(tiny["qwen3_5-vision"]), "--distributed", "tensor", "--image",
+    proc = mlx_launch("generate", "--model", str(tiny["qwen3_5-vision"]), "--draft-model",
+                      str(tiny["qwen3_5-vision-draft"]), "--num-draft", "2", "--distributed", "tensor", "--image",
                       images[0], "--image", images[1], "--prompt", QUESTION, "--max-tokens", "16", "--json")
-    tokens = generated(proc)["tokens"]
+    result = generated(proc)
+    tokens = result["tokens"]
     assert tokens == reference_greedy(reference, images[:2], 16, QUESTION)[:len(tokens)] and len(tokens) > 4
+    assert 0 < result["stats"]["accepted"] < result["stats"]["drafted"]
     requests, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     requests.write_text("".join(json.dumps(line) + "\n" for line in [
         {"id": "wide", "messages": chat(images[:1])}, {"id": "both", "messages": chat(images)},
         {"id": "text", "prompt": QUESTION}]))
-    proc = mlx_launch("batch", str(requests), "-o", str(out), "--model", str(tiny["qwen3_5-vision"]), "--distributed",
-                      "pipeline", "--max-tokens", "12", "--batch-size", "3", "--quiet")
+    proc = mlx_launch("batch", str(requests), "-o", str(out), "--model", str(tiny["qwen3_5-vision"]), "--draft-model",
+                      str(tiny["qwen3_5-vision-draft"]), "--distributed", "pipeline", "--max-tokens", "12",
+                      "--batch-size", "3", "--quiet")
     results = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())} if out.exists() else {}
     assert set(results) == {"wide", "both", "text"}, proc.stderr
     for name, shown in (("wide", images[:1]), ("both", images)):

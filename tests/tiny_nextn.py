@@ -57,6 +57,11 @@ def depth(cfg: dict) -> int:
     return text.get("num_hidden_layers", text.get("num_layers"))
 
 
+def kv_b_proj(cfg: dict) -> tuple[int, int]:
+    """The shape of an MLA layer's key and value up-projection as published whole (mlx-lm splits it per head)."""
+    return cfg["num_attention_heads"] * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]), cfg["kv_lora_rank"]
+
+
 def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
     """One decoder layer's tensors under the prefix `p`."""
     if cfg["model_type"] == "longcat_flash":
@@ -85,8 +90,7 @@ def layer_shapes(cfg: dict, p: str, moe: bool) -> dict[str, tuple[int, ...]]:
                        p + "self_attn.q_b_proj.weight": (heads * q_head, cfg["q_lora_rank"]),
                        p + "self_attn.kv_a_proj_with_mqa.weight": (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], h),
                        p + "self_attn.kv_a_layernorm.weight": (cfg["kv_lora_rank"],),
-                       p + "self_attn.kv_b_proj.weight": (heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]),
-                                                          cfg["kv_lora_rank"]),
+                       p + "self_attn.kv_b_proj.weight": kv_b_proj(cfg),
                        p + "self_attn.o_proj.weight": (h, heads * cfg["v_head_dim"])})
         if "index_topk" in cfg:  # the sparse attention's indexer (DeepSeek-V3.2 / GLM-5 names)
             index_heads, index_dim = cfg["index_n_heads"], cfg["index_head_dim"]
@@ -146,7 +150,7 @@ def bailing_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
     module = importlib.import_module(f"mlx_lm.models.{model_module(cfg)}")
     args, index = module.ModelArgs.from_dict(cfg), int(p.rsplit(".", 2)[-2])
     layer = (getattr(module, "DecoderLayer", None) or module.BailingDecoderLayer)(args, index)
-    shapes, heads = {}, cfg["num_attention_heads"]
+    shapes = {}
     for name, value in tree_flatten(layer.parameters()):
         if ".switch_mlp." in name:
             for e in range(value.shape[0]):
@@ -154,8 +158,7 @@ def bailing_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
         elif name.endswith("unembed_out.weight"):
             continue
         elif name.endswith("embed_q.weight"):
-            shapes[p + "attention.kv_b_proj.weight"] = (heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]),
-                                                        cfg["kv_lora_rank"])
+            shapes[p + "attention.kv_b_proj.weight"] = kv_b_proj(cfg)
         elif name.endswith("conv1d.weight"):
             shapes[p + name] = (value.shape[0], 1, value.shape[1])
         else:
@@ -176,7 +179,7 @@ def kimi_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
     text, index = text_config(cfg), int(p.rsplit(".", 2)[-2])
     args = kimi_k3.TextArgs.from_dict(text)
     layer = kimi_k3.KimiK3DecoderLayer(args if index < depth(cfg) else replace(args, attn_res_block_size=None), index)
-    shapes, heads = {}, text["num_attention_heads"]
+    shapes = {}
     for name, value in tree_flatten(layer.parameters()):
         moe = name.startswith("mlp.") and isinstance(layer.mlp, kimi_k3.KimiK3SparseMoE)
         stored = p + ("block_sparse_moe." + name[len("mlp."):] if moe else name)
@@ -189,8 +192,7 @@ def kimi_layer_shapes(cfg: dict, p: str) -> dict[str, tuple[int, ...]]:
         elif name.endswith("unembed_out.weight"):
             continue
         elif name.endswith("embed_q.weight"):
-            shapes[p + "self_attn.kv_b_proj.weight"] = (heads * (text["qk_nope_head_dim"] + text["v_head_dim"]),
-                                                        text["kv_lora_rank"])
+            shapes[p + "self_attn.kv_b_proj.weight"] = kv_b_proj(text)
         elif name.endswith("qkv_proj.weight"):
             shapes.update({f"{p}self_attn.{x}_proj.weight": (value.shape[0] // 3, value.shape[1]) for x in "qkv"})
         elif name.endswith("qkv_conv.conv.weight"):
