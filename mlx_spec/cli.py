@@ -384,12 +384,10 @@ def serve(args) -> int:
         print(f"serve: one request at a time: {problem}", file=sys.stderr)
     elif args.batch_size is None:
         batch_size = min(SERVE_BATCH, engine.largest_batch(args.max_tokens + 2048))
-    budget = (0 if engine.lockstep else psutil.virtual_memory().available // 4 if args.prompt_cache_gb is None
-              else int(args.prompt_cache_gb * 1e9))
+    budget = psutil.virtual_memory().available // 4 if args.prompt_cache_gb is None else int(args.prompt_cache_gb * 1e9)
     engine.cache_prompts(budget)
     print(f"serve: prompt cache: {f'up to {budget / 1e9:.1f} GB of earlier conversations' if budget else 'off'} "
-          f"({'distributed ranks keep one sequence each' if engine.lockstep else '--prompt-cache-gb'})",
-          file=sys.stderr)
+          f"({'on every rank, ' if engine.lockstep else ''}--prompt-cache-gb)", file=sys.stderr)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"mlx-spec: warning: serving on {args.host} without --api-key: anyone who can reach this port can "
               "use the model", file=sys.stderr)

@@ -18,6 +18,7 @@ import pytest
 from helpers import (KEY, PROMPT, assert_one_line_error, default_ctrl_c, free_port, mlx_lm_text, plain_greedy,
                      run_cli)
 from test_grammar import PERSON, from_schema, reference
+from tiny import build_checkpoint
 
 import mlx_spec
 from mlx_spec.core.prompts import render_prompt
@@ -433,3 +434,60 @@ def test_images_on_two_ranks_are_mlx_vlms_plain_greedy(tiny, images, tmp_path):
         expected = reference[1].tokenizer.decode(reference_greedy(reference, shown, 12))
         assert results[name]["text"] and expected.startswith(results[name]["text"]), name
     assert max(r["stats"]["batch_size"] for r in results.values()) == 3
+
+
+CONVERSATIONS_ON_RANKS = """
+import json, sys
+import mlx_spec
+from mlx_spec import Job
+engine = mlx_spec.load(sys.argv[1], drafter="ngram", draft_len=3, distributed="pipeline")
+if not engine.lockstep.leader:
+    sys.exit(engine.lockstep.follow(engine))
+openings, turns, prompts, held = json.loads(sys.argv[2]), [], {}, {}
+
+def turn(i, result):
+    turns.append({"conversation": i, "prompt": prompts[i], "tokens": result.tokens, "held": held.get(i, 0),
+                  "reused": result.stats.reused_prompt_tokens, "drafted": result.stats.drafted})
+    held[i] = len(prompts[i]) + len(result.tokens) - 1
+    prompts[i] = prompts[i] + result.tokens + engine.encode(f" and then {openings[i]}")
+
+engine.cache_prompts(1 << 30)
+for i, opening in enumerate(openings):  # the cut-back view: a prompt sharing part of the live sequence
+    prompts[i] = engine.encode(opening)
+    turn(i, engine.generate(prompts[i], max_tokens=16))
+engine.cache_prompts(int(2.5 * max(entry.nbytes for entry in engine.prompt_cache.stored)))  # a second cache
+for i in [0, 1, 2, 0, 2, 1]:  # alone, under a budget some sequences leave
+    turn(i, engine.generate(prompts[i], max_tokens=16))
+jobs = [(i, Job(prompts[i], max_tokens=16)) for i in (1, 2)]
+for index, result in engine.generate_many([job for _, job in jobs], 2):  # rows
+    turn(jobs[index][0], result)
+print(json.dumps({"turns": turns, "budget": engine.prompt_cache.budget, "bytes": engine.prompt_cache.nbytes}))
+engine.lockstep.finish()
+"""
+
+
+def test_conversations_on_two_ranks_reuse_the_prompt_cache_exactly(tiny, tmp_path):
+    """The prompt cache across pipeline ranks that see their caches differently: a 2-layer Qwen3.5 split in
+    two, one rank holding its Gated DeltaNet layer (a cache that cannot be cut back), the other its attention layer
+    (one that can, and that takes other bytes). Conversations alternate alone, through a budget some leave, then as
+    a batch's rows: the ranks decide alike (else their forwards would no longer match), returning turns run only
+    what the cache does not hold, and every answer is mlx-lm's plain greedy decoding."""
+    model = build_checkpoint(tmp_path / "qwen3_5-2", "qwen3_5", tiny["qwen3_5"], layers=2, overrides={
+        "full_attention_interval": 2, "layer_types": ["linear_attention", "full_attention"]})
+    openings = ["def add(a, b):", "def add(x, y):", "class Stack:"]
+    ranks = start_ranks(tmp_path, [str(model), json.dumps(openings)], [str(model), json.dumps(openings)],
+                        program=("-c", CONVERSATIONS_ON_RANKS))
+    codes = [rank.wait(timeout=120) for rank in ranks]
+    outputs = [rank.stdout.read() for rank in ranks]
+    assert codes == [0, 0], [rank.stderr.read() for rank in ranks]
+    result = json.loads(outputs[0])
+    for turn in result["turns"]:
+        assert turn["tokens"] == plain_greedy(model, turn["prompt"], 16), turn
+    reused = [(turn["reused"], turn["held"]) for turn in result["turns"]]
+    assert reused[1][0] == 0  # shares a prefix with the live sequence, which cannot be cut back on every rank
+    returning = reused[3:]
+    assert all(n in (0, held) for n, held in returning), reused  # a sequence held whole, or gone
+    assert any(n == held > 0 for n, held in returning[:-2]) and any(n == held > 0 for n, held in returning[-2:])
+    assert any(n == 0 for n, _ in returning), reused  # the budget let one go
+    assert 0 < result["bytes"] <= result["budget"]
+    assert sum(turn["drafted"] for turn in result["turns"]) > 0

@@ -142,8 +142,6 @@ class Engine:
         afterwards share them."""
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
             raise SpecError(f"the prompt cache's budget must be a whole number of bytes >= 0, got {budget!r}")
-        if budget and self.lockstep:
-            raise SpecError("the prompt cache is not kept across distributed ranks yet: each keeps one sequence")
         self.prompt_cache = PromptCache(budget) if budget else None
 
     def with_drafter(self, drafter: str) -> "Engine":

@@ -29,7 +29,7 @@ from ..seams.caches import (
     verifies_trees,
 )
 from ..seams.errors import SpecError
-from .prompt_cache import common_prefix
+from .prompt_cache import reach
 from .vision import Images
 
 MAX_DRAFT_LEN = 32
@@ -125,6 +125,7 @@ class Target:
         # (its `hidden_tail`): the final norm's make the last layer run in full where they are read
         self.hidden_tail: int | None = None
         self.tree_ready = False  # tree_problem() found none
+        self.ranks_trim: bool | None = None  # on distributed ranks: whether every rank's cache can be cut back
         self.reset()
 
     def reset(self) -> None:
@@ -184,19 +185,22 @@ class Target:
                 logits = self.model(tokens[None], cache=self.cache)[0]
         return Step(logits, self.read_hidden()[0] if self.read_hidden else None)
 
-    def reusable(self, cached: list[int], tokens: list[int], held: int | None = None) -> int:
+    def reusable(self, cached: list[int], tokens: list[int]) -> int:
         """How many leading cached positions (`cached`: what the cache holds, or less when unknown) can stay for
-        a prefill of `tokens`: their common prefix, if the cache can be cut back to it, leaving at least one
-        token to run. `held`: the positions a stored cache holds (`snapshot`), asked of instead of this one's."""
-        held = self.offset if held is None else held
-        common = common_prefix(cached[:held], tokens[:-1])
-        return common if common == held or self.cuttable else 0
+        a prefill of `tokens` (`prompt_cache.reach`), leaving at least one token to run."""
+        return reach(cached, self.offset, tokens, self.cuttable, len(tokens) - 1)
+
+    @property
+    def trims(self) -> bool:
+        """Whether the cache can be cut back to any prefix (full KV only), on every rank where the target is
+        sharded (`ranks_trim`, which the ranks agree on)."""
+        return trimmable(self.cache) if self.ranks_trim is None else self.ranks_trim
 
     @property
     def cuttable(self) -> bool:
-        """Whether the cache can be cut back to any prefix: full KV only, and not for drafters that read hidden
+        """Whether the cache can be cut back to any prefix (`trims`), and not for drafters that read hidden
         states (they would lack those of the cut positions)."""
-        return trimmable(self.cache) and self.read_hidden is None
+        return self.trims and self.read_hidden is None
 
     def snapshot(self) -> list:
         """What the cache holds now (`caches.snapshot`), for `restore`."""

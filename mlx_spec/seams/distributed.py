@@ -6,6 +6,10 @@ so every rank drafts, verifies and accepts the same tokens without sending draft
 the command; the others (followers) run each generation and batch it starts. These keep them in step:
 - `share`: the leader hands each generation (the engine it runs on, its prompt ids, settings, the draft-length
   policy's state and its drafter's estimates of its drafts) to every follower before it starts;
+- the prompt cache: announced with each generation (which of rank 0's, its budget: `mirror_cache`), it holds the
+  same sequences on every rank, each rank its slice: each cache is cut back to a shared start only where every
+  rank's can be (`agree_cache`, at each start), and each stored sequence counts the bytes of the rank where it
+  takes most (`largest`, as it is stored), so every rank serves and evicts alike;
 - `agree`, once a round: every rank contributes a checksum of the tokens it accepted, and takes the leader's round
   time (the policy learns the same costs everywhere, so it picks the same draft lengths), its stop request and
   a draft length pinned meanwhile; a checksum that differs stops every rank with an error (ranks on different
@@ -37,6 +41,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from .caches import trimmable
 from .errors import SpecError
 
 MODES = ("tensor", "pipeline")
@@ -148,6 +153,7 @@ class Generation:
     policy: object  # the engine's draft-length policy as it stands (learnt costs and acceptance included)
     estimates: object  # what its drafter learnt of its drafts (n-gram's outlook; None: nothing), as it stands
     job: object  # the generation's Job as it crosses (`Job.portable`)
+    cache: tuple[int, int] | None = None  # the engine's prompt cache: (which of the leader's, its budget); None: none
 
 
 @dataclass
@@ -161,6 +167,7 @@ class Batch:
     policies: tuple  # the batch decoder's draft-length policies (a batch's, a lone row's) as they stand
     estimates: object
     batch_size: int
+    cache: tuple[int, int] | None = None  # as `Generation`'s
 
 
 class Lockstep:
@@ -173,6 +180,7 @@ class Lockstep:
         self.running = False  # a generation is under way (from its announcement on): no other collective may start
         self.policy = None  # the draft-length policy the followers last received
         self.announced: Batch | None = None  # a follower's: the batch it runs
+        self.caches: list = []  # the prompt caches of the leader's engines, by the index announcements name them with
         self.done = False  # this rank ended its part normally: a neighbour ending now is no break
         hosts = ring_hosts()
         self.links = watch_neighbours(self, hosts) if hosts and len(hosts) == self.size else []
@@ -198,25 +206,59 @@ class Lockstep:
         return int(self._sum(np.array([value if self.leader else 0], np.int32))[0])
 
     def _announce(self, engine, make) -> None:
-        """The leader sends `make(index of engine, its drafter's estimates)` to the followers."""
+        """The leader sends `make(index of engine, its drafter's estimates, its prompt cache)` to the followers;
+        then every rank's engine takes the view of its cache that all ranks share (`agree_cache`)."""
         self.running = True  # before the announcement: if it fails, the group is lost and `finish` must not wait
         if self.leader:
             if engine not in self.engines:
                 self.engines.append(engine)
-            self.share(make(self.engines.index(engine), engine.drafter.estimates() if engine.drafter else None))
+            self.share(make(self.engines.index(engine), engine.drafter.estimates() if engine.drafter else None,
+                            self._cache_of(engine.prompt_cache)))
+        self.agree_cache(engine)
+
+    def _cache_of(self, cache) -> tuple[int, int] | None:
+        """The leader's prompt cache `cache` as announcements name it: (its index, its budget); None: none."""
+        if cache is None:
+            return None
+        if not any(known is cache for known in self.caches):
+            cache.agree = self.largest
+            self.caches.append(cache)
+        return next(i for i, known in enumerate(self.caches) if known is cache), cache.budget
+
+    def mirror_cache(self, engine, cache: tuple[int, int] | None) -> None:
+        """A follower's `engine` takes the prompt cache the leader's announced (`_cache_of`): one of the same
+        budget, shared by the same engines."""
+        if cache is not None and cache[0] == len(self.caches):
+            engine.cache_prompts(cache[1])
+            engine.prompt_cache.agree = self.largest
+            self.caches.append(engine.prompt_cache)
+        engine.prompt_cache = None if cache is None else self.caches[cache[0]]
+
+    def agree_cache(self, engine) -> None:
+        """Every rank's target can be cut back to a prefix only where every rank's can (`Target.ranks_trim`): in
+        pipeline mode a rank holding only attention layers could, one holding recurrent layers could not."""
+        mine = np.array([trimmable(engine.target.cache)], np.int32)
+        engine.target.ranks_trim = bool(self._sum(mine)[0] == self.size)
+
+    def largest(self, value: int) -> int:
+        """The largest of every rank's whole number `value` (bytes), on every rank."""
+        every = mx.distributed.all_gather(mx.array([value], dtype=mx.int64), group=self.group, stream=mx.cpu)
+        mx.eval(every)
+        return int(np.array(every).max())
 
     def begin(self, engine, job) -> None:
         """Called by `Engine.decode` as a generation of `job` starts: the leader sends it to the followers."""
         policy = engine.next_policy  # read once: a pin may land at any time
-        self._announce(engine, lambda index, estimates: Generation(
-            index, engine.status().drafter, policy, estimates, job.portable()))
+        self._announce(engine, lambda index, estimates, cache: Generation(
+            index, engine.status().drafter, policy, estimates, job.portable(), cache))
         self.policy = policy
 
     def begin_batch(self, engine, decoder, batch_size: int, draft_len: int | None) -> None:
         """Called by `Engine` as a batch (`decoder`'s) starts, on every rank: the leader sends it to the followers,
         whose decoder takes the leader's policies."""
-        self._announce(engine, lambda index, estimates: Batch(
-            index, engine.status().drafter, draft_len, (decoder.policy, decoder.alone), estimates, batch_size))
+        self._announce(engine, lambda index, estimates, cache: Batch(
+            index, engine.status().drafter, draft_len, (decoder.policy, decoder.alone), estimates, batch_size,
+            cache))
         if not self.leader:
             decoder.policy, decoder.alone = self.announced.policies
 
@@ -293,6 +335,7 @@ class Lockstep:
             while len(engines) <= job.engine:
                 engines.append(engine.with_drafter(job.drafter))
             follower = engines[job.engine]
+            self.mirror_cache(follower, job.cache)
             if job.estimates is not None:  # each rank's profile may hold others: every rank drafts the leader's way
                 follower.drafter.start_from(job.estimates)
             if isinstance(job, Batch):
