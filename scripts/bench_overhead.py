@@ -7,7 +7,8 @@ round costs is the engine's own work: building graphs, sampling and verification
 synchronisation. Contenders: mlx-lm's plain `generate_step` (a round is a token) and `speculative_generate_step`
 with the same model as its draft (k = 4), and mlx-spec with drafting off, with that draft model pinned at k = 4,
 with n-gram pinned at k = 4 on a prompt it can copy, and the demo's MTP layer (Qwen 3.5 layout, Gated DeltaNet)
-pinned at k = 2. With `--before DIR` (a worktree of an earlier commit), each repetition runs the code in this
+pinned at k = 2; and drafting off and the draft model at k = 4 as the lone row of a batch (`stream_many`, a
+server's lone request: the batch's ragged cache with one row). With `--before DIR` (a worktree of an earlier commit), each repetition runs the code in this
 checkout and the one in DIR, in turn, each in a process of its own (a fresh MLX), and the table compares them;
 mlx-lm runs in both, a control for how much the machine drifted. Greedy; every run's own figure goes out as a
 raw-timings line (scripts/timings.py), which scripts/record.py keeps.
@@ -68,6 +69,12 @@ def child(tokens: int) -> dict[str, float]:
             stats = mlx_spec.generate(engine, ids, max_tokens=tokens).stats
             return stats.decode_seconds * 1000 / stats.rounds
         runs[name] = run
+    for name, key, draft_len in (("off", "mlx-spec off", 0), ("draft model k=4", "mlx-spec draft model k=4", 4)):
+        def lone_row(engine=engines[key], draft_len=draft_len) -> float:
+            job = [(0, mlx_spec.Job(ids, max_tokens=tokens, draft_len=draft_len))]
+            done = [event for _, event in engine.stream_many(lambda: job.pop() if job else None, 2)][-1]
+            return done.stats.decode_seconds * 1000 / done.stats.rounds
+        runs[f"mlx-spec {name}, a batch's lone row"] = lone_row
     for fn in runs.values():
         fn()  # compiled and warm
     return {name: fn() for name, fn in runs.items()}

@@ -4,7 +4,8 @@ All rows of a batch are written at the same columns, one forward at a time, but 
 (`offsets`: its rotary embeddings place its tokens where decoding it alone would) and its own valid columns: a
 round gives every row `1 + max draft length` columns, and the columns of a row's rejected drafts (and of the
 padding after a shorter draft) are masked out for good, while columns that every row rejected are written over
-by the next forward. Holes are squeezed out when the buffers would otherwise grow (`compact`); rows leave
+by the next forward. Holes are squeezed out when the buffers would otherwise grow, and when one row is left
+(`compact`): a lone row without holes runs under mlx-lm's own masks for one sequence (`lone_mask`). Rows leave
 (`select`) and join (`join`, after their prompt ran in a batch of their own) between forwards.
 
 Sliding-window layers hold every column too (their memory grows as full attention's does): the mask they ask
@@ -31,6 +32,7 @@ from mlx_lm.models.cache import (
     KVCache,
     QuantizedKVCache,
     RotatingKVCache,
+    create_attention_mask,
     make_prompt_cache,
 )
 
@@ -70,7 +72,9 @@ class RaggedKVCache:
             buffer[..., start:end, :] = new
         return tree_map(lambda buffer: buffer[..., :end, :], (self.keys, self.values))
 
-    def make_mask(self, n: int, window_size: int | None = None, **kwargs) -> mx.array:
+    def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False, **kwargs):
+        if self.batch.lone:
+            return lone_mask(n, int(self.batch.columns), window_size, return_array)
         return self.batch.window_mask(window_size) if window_size else self.batch.mask
 
     @property
@@ -80,6 +84,12 @@ class RaggedKVCache:
     @property
     def nbytes(self) -> int:
         return 0 if self.keys is None else sum(part.nbytes for part in _parts(self.keys) + _parts(self.values))
+
+
+def lone_mask(n: int, held: int, window: int | None, return_array: bool):
+    """The mask of `n` inputs of a lone row whose `held` columns are all its own (no hole): what mlx-lm's KVCache
+    gives one sequence (none for one input, "causal" for more, an array where a window or the model asks)."""
+    return create_attention_mask(n, held, return_array, window)
 
 
 def _parts(buffer) -> tuple:
@@ -121,6 +131,7 @@ class RaggedBatch:
         self.capacity = 0  # columns the buffers hold
         self.valid = np.zeros((rows, 0), dtype=bool)  # (B, columns): a row holds its valid columns' positions
         self.positions = self.mask = self.seen = None  # set around a forward
+        self.lone = False  # during a forward: one row, all its columns its own, a chain (no mask of ours: `lone_mask`)
         self.depths = None  # during a forward: (B, n) each input's position past the last its row holds
         self.hidden: list[mx.array] = []  # what `extend` read of the hidden states, when asked
         self.marked = None  # the columns written when the round began (`mark`)
@@ -241,18 +252,22 @@ class RaggedBatch:
             self._resume_recurrent()
         if self.columns + n > self.capacity:
             self._make_room(n)
-        mask = np.zeros((b, 1, n, self.columns + n), dtype=bool)
-        mask[:, 0, :, :self.columns] = self.valid[:, None, :self.columns]
-        mask[:, 0, :, self.columns:] = np.tril(np.ones((n, n), dtype=bool))
         self.depths = np.tile(np.arange(n), (b, 1))  # of each input past its row's last held position
-        for row, tree in enumerate(trees or []):
-            if tree is not None:
-                attend, depths = tree
-                mask[row, 0, :len(depths), self.columns:self.columns + len(depths)] = attend
-                self.depths[row, :len(depths)] = depths
-        if seen is not None:
-            mask[:, 0, :, self.columns:] |= seen
-        self.mask, self.positions = mx.array(mask), mx.array(self.offsets.astype(np.int32))
+        trees = trees if trees and any(tree is not None for tree in trees) else None
+        self.lone = b == 1 and trees is None and seen is None and bool(self.valid[0, :self.columns].all())
+        if not self.lone:
+            mask = np.zeros((b, 1, n, self.columns + n), dtype=bool)
+            mask[:, 0, :, :self.columns] = self.valid[:, None, :self.columns]
+            mask[:, 0, :, self.columns:] = np.tril(np.ones((n, n), dtype=bool))
+            for row, tree in enumerate(trees or []):
+                if tree is not None:
+                    attend, depths = tree
+                    mask[row, 0, :len(depths), self.columns:self.columns + len(depths)] = attend
+                    self.depths[row, :len(depths)] = depths
+            if seen is not None:
+                mask[:, 0, :, self.columns:] |= seen
+            self.mask = mx.array(mask)
+        self.positions = mx.array(self.offsets.astype(np.int32))
         self._windows, self.seen = {}, seen
         placed = compat.positions(mx.array(self.offsets[:, None] + self.depths, dtype=mx.int32)) if trees \
             else contextlib.nullcontext()
@@ -262,6 +277,7 @@ class RaggedBatch:
                                                                   {"input_embeddings": embeddings}))
         finally:
             self.mask = self.positions = self._windows = self.seen = None
+            self.lone = False
         if self.states is not None:
             base = len(self.recurrent[0].saved) - 1 - n
             for row, length in enumerate(lengths):
@@ -352,6 +368,8 @@ class RaggedBatch:
         if not rows:
             self.columns = 0
             self.valid = np.zeros((0, 0), dtype=bool)
+        elif len(rows) == 1 and not self.valid[0, :self.columns].all():
+            self.compact()  # a row left alone runs without a mask of ours (`lone`)
 
     def join(self, other: "RaggedBatch") -> None:
         """Append `other`'s rows (a prompt prefilled on its own), right-aligned with this batch's columns."""
@@ -427,9 +445,9 @@ def _stack_rows(mine: mx.array | None, rows: int, theirs: mx.array | None, their
 
 @functools.cache
 def check_batches() -> None:
-    """Two rows of different lengths in one RaggedBatch, their prompts prefilled apart or together (padded), score
-    their next tokens as the model alone does: a tiny Llama, and a tiny Gemma 3 whose sliding window (2) is
-    shorter than the rows."""
+    """Two rows of different lengths in one RaggedBatch, their prompts prefilled apart or together (padded), and a
+    row alone, score their next tokens as the model alone does: a tiny Llama, and a tiny Gemma 3 whose sliding
+    window (2) is shorter than the rows."""
     tiny = dict(num_hidden_layers=1, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1,
                 rms_norm_eps=1e-6, vocab_size=8)
     if not _rows_match(_drawn(llama.Model(compat.decoder_args("llama", dict(hidden_size=16, **tiny))))):
@@ -468,4 +486,8 @@ def _rows_match(model, kv_bits: int | None = None) -> bool:
             alone = model(mx.array([tokens]), cache=cache)[0, -1]
             if not mx.allclose(logits[row, column], alone, atol=1e-4):
                 return False
-    return True
+    lone = RaggedBatch.prefilled(model, [rows[0]], **kv)  # a lone row: mlx-lm's own masks (`lone_mask`)
+    lone.mark()
+    cache = [QuantizedKVCache(32, kv_bits) for _ in model.layers] if kv_bits else make_prompt_cache(model)
+    return mx.allclose(lone.forward(mx.array([[1, 6]]), [2])[0],
+                       model(mx.array([rows[0] + [1, 6]]), cache=cache)[0, -2:], atol=1e-4).item()
