@@ -349,6 +349,7 @@ def draft_batch(logits: mx.array, next_logits: Callable[[mx.array], mx.array], c
                     probabilities = dists[row][-1] if dists[row] else mx.softmax(scores.astype(mx.float32), axis=-1)
                     chances[row] = probabilities[0, tokens[row][-1][0]]
             column.append(tokens[row][-1] if j < k else mx.zeros((1,), dtype=mx.int32))
+        mx.async_eval(column)  # start computing while the next step's graph is built
         if chances:  # read to the host once a step, for every row together
             for row, chance in zip(chances, mx.stack(list(chances.values())).tolist()):
                 confidence[row].append(chance)
