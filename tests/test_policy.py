@@ -195,6 +195,44 @@ def test_batches_draft_while_forwards_are_bandwidth_bound_and_stop_when_compute_
                                               acceptance=0.8)[20:]) == pytest.approx(1, abs=0.2)
 
 
+def drive_tree_batch_policy(cost, rows: int, chain: float, tree: float, width: int = 3,
+                            rounds: int = 200) -> list[tuple[int, int]]:
+    """BatchDraftLength choosing chains or trees `width` wide over `rounds` rounds of `rows` rows, a chain's drafts
+    passing with probability `chain` and a tree's levels with `tree` (seeded), a tree of depth k holding k x width
+    nodes, a round of n forward tokens taking cost(n) seconds; returns the (draft length, width) it chose."""
+    import random
+
+    rng, policy, chosen = random.Random(0), BatchDraftLength(4, widths=(1, width)), []
+    policy.resize(rows)
+    for _ in range(rounds):
+        k = policy.next_draft_len(1000)
+        w, passing = (policy.width, tree if policy.width > 1 else chain) if k else (1, chain)
+        chosen.append((k, w))
+        accepted = [next((j for j in range(k) if rng.random() > passing), k) for _ in range(rows)]
+        policy.observe(k * w, 0, cost(rows * (1 + k * w)), rows=[(k, a) for a in accepted])
+    return chosen
+
+
+def test_a_batch_drafts_trees_where_forwards_are_bandwidth_bound_and_chains_where_not():
+    """4 rows, a drafter whose trees 3 wide pass a level 90% of the time where its chains pass 60%: with flat costs
+    (a GPU with a small batch) four levels of trees, 4.1 tokens a row a round against 2.3. With costs flat to 20
+    tokens and then in proportion (a CPU), trees 85% and chains 70%: four chained drafts stay within the flat part
+    (2.8 tokens a row a plain step's time) where two levels of a tree run 28 tokens (1.8), so chains, once trees
+    were tried."""
+    flat = drive_tree_batch_policy(lambda tokens: 1.0, rows=4, chain=0.6, tree=0.9)
+    assert statistics.mean(choice == (4, 3) for choice in flat[40:]) > 0.9
+    knee = drive_tree_batch_policy(lambda tokens: max(1.0, 0.05 * tokens), rows=4, chain=0.7, tree=0.85)
+    assert any(w == 3 for _, w in knee[:40]) and statistics.mean(w == 1 for k, w in knee[40:] if k) > 0.9
+
+
+def test_a_batch_that_tried_trees_no_better_than_chains_goes_back_to_chains():
+    """Trees that pass no more often than chains (the untried ones weighed as if each of their 3 candidates passed
+    as a chain's draft does) are tried, then left for chains: the same tokens for a third of the forward."""
+    chosen = drive_tree_batch_policy(lambda tokens: 1.0 + 0.01 * tokens, rows=4, chain=0.7, tree=0.7)
+    assert any(w == 3 for _, w in chosen[:40])
+    assert statistics.mean(w == 1 for k, w in chosen[60:] if k) > 0.9
+
+
 @pytest.mark.parametrize("curve", [{4: 1.0, 8: 1.06, 12: 1.3, 16: 1.16, 20: 1.47},  # the 0.5B's, scaled
                                    {4: 1.0, 8: 1.06, 12: 1.71, 16: 0.9, 20: 1.5}])  # the 1.5B's: 4 x 4 beats 4 x 1
 def test_a_batch_finds_a_draft_length_past_a_cost_curve_that_is_not_monotone(curve):

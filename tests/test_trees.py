@@ -6,7 +6,7 @@ import random
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import PROMPT, assert_one_line_error, plain_greedy, plain_sampled, run_cli
+from helpers import PROMPT, FlatCostBatchPolicy, assert_one_line_error, plain_greedy, plain_sampled, run_cli
 
 import mlx_spec
 from mlx_spec.core.draft import Draft
@@ -283,3 +283,23 @@ def test_token_trees_in_a_batch_equal_plain_decoding(tiny, family, options):
     stats = [result.stats for result in results.values()]
     assert max(s.batch_size for s in stats) == 3 and sum(s.nodes for s in stats) > sum(s.drafted for s in stats)
     assert 0 < sum(s.accepted for s in stats) < sum(s.drafted for s in stats)
+
+
+def test_a_batch_weighs_chains_against_trees(tiny):
+    """The adaptive batch policy of a draft model drafting trees 3 wide chooses each round's shape, chains or trees
+    (costs modelled flat, as a bandwidth-bound GPU's, so that its choices follow acceptance, not the clock): it
+    measures with chains, tries trees, and the rows draft the shape it chose (a tree's rows verify more nodes than
+    levels, a chain's as many); every row is mlx-lm's plain greedy decoding."""
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-draft"]), tree_width=3, draft_len=None)
+    engine.batch_policy = policy = FlatCostBatchPolicy(engine.max_draft_len, widths=(1, 3))
+    engine.tokenizer.eos_token_ids = []
+    copy = "for i in range(10):\n    print(i)\n" * 2
+    jobs = [Job(engine.encode(text), max_tokens=40) for text in (PROMPT, copy, PROMPT * 2)]
+    waiting = list(enumerate(jobs))
+    events = list(engine.stream_many(lambda: waiting.pop(0) if waiting else None, 3))
+    rounds = [event for _, event in events if isinstance(event, mlx_spec.Round) and event.draft_len]
+    assert any(r.nodes > r.draft_len for r in rounds) and any(r.nodes == r.draft_len for r in rounds)
+    assert policy.tried == {1, 3}
+    for key, event in events:
+        if isinstance(event, mlx_spec.Done):
+            assert event.tokens == plain_greedy(tiny["qwen3"], jobs[key].prompt, 40), key

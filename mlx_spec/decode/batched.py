@@ -91,10 +91,11 @@ class BatchedDecoder:
         self.kv = {"kv_bits": kv_bits, "kv_group_size": kv_group_size}
         self.drafter = drafter
         self.read_hidden, self.hidden_tail = (read_hidden if drafter else None), hidden_tail
-        self.policy = ((policy or BatchDraftLength(max_draft_len)) if draft_len is None and drafter
-                       else FixedDraftLength(draft_len if drafter else 0))
-        self.alone = alone if draft_len is None and drafter else None
         self.tree_width = drafter.width if drafter else 1
+        self.policy = ((policy or BatchDraftLength(max_draft_len, widths=tuple(sorted({1, self.tree_width}))))
+                       if draft_len is None and drafter else FixedDraftLength(draft_len if drafter else 0,
+                                                                              self.tree_width))
+        self.alone = alone if draft_len is None and drafter else None
         self.name = drafter.name if drafter else "off"
         self.prefixes = prefixes
         self.lockstep = None  # distributed.Lockstep: the target is sharded across ranks that decode in step

@@ -181,8 +181,9 @@ class RoundLoop:
             lengths = [longest if row.job.draft_len is None else row.job.draft_len for row in rows]
         planned = [row.prediction.planned(row.context) if row.prediction else 0 for row in rows]
         lengths = [own or k for own, k in zip(planned, lengths)]  # a row on its prediction drafts from it
-        if self.drafters and self.tree_width > 1:  # a lone row's trees are as wide as its policy says
-            self.drafters.set_width(policy.width if alone and rows[0].job.draft_len is None else self.tree_width)
+        if self.drafters and self.tree_width > 1:  # trees as wide as the policy says, unless a row has its own pin
+            pinned = any(row.job.draft_len is not None for row in rows)
+            self.drafters.set_width(self.tree_width if pinned else policy.width)
         plan = Plan([], [], [], policy=policy, alone=alone, predicted=[own > 0 for own in planned] if any(planned)
                     else None)
         for row, left, wanted in zip(rows, remaining, lengths):

@@ -22,17 +22,27 @@ class BatchDraftLength(DraftPolicy):
     maximises expected tokens per second, E[N](k) / T(rows (1 + k)), measuring T at rows (plain steps) and 2 rows
     (one draft) first, and probing with one draft now and then while it is off. Chains that draft one token at a
     time stop together where their drafters are unsure (`go_on`): a row's drafts cost nothing past the batch's
-    longest, so either every row drafts one more or none does."""
+    longest, so either every row drafts one more or none does. With `widths` (1, W), a drafter of token trees W wide:
+    chains or trees, each shape's acceptance per depth learnt apart, a tree's forward costing its nodes (k W at first,
+    then as many as its rounds held), so trees win where the forward is bandwidth-bound and a level's W candidates
+    pass more often than one; an untried width is weighed as if each of its candidates passed as a chain's draft
+    does, independently."""
 
     stops = True
 
-    def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.85, prior_acceptance: float = 0.7):
+    def __init__(self, max_len: int, probe_every: int = 16, decay: float = 0.85, prior_acceptance: float = 0.7,
+                 widths: tuple[int, ...] = (1,)):
         self.max_len, self.probe_every, self.decay = max_len, probe_every, decay
-        self.chain = Shape(max_len, prior_acceptance, optimistic=False)  # the acceptance of rows that draft (its
-        # positions judged by many rows a round)
+        self.shapes = {w: Shape(max_len, prior_acceptance, optimistic=False) for w in widths}  # per width, the
+        # acceptance of rows that draft (its positions judged by many rows a round)
         self.share = 1.0  # of the rows asked to draft, those that drafted something
-        self.judged = [-STALE - 1] * max_len  # the round that last judged each position (none: stale from the start)
-        self.verdicts = [PRIOR] * max_len  # the verdicts each position's acceptance stands on, decayed each round
+        self.judged = {w: [-STALE - 1] * max_len for w in widths}  # the round that last judged each position (none:
+        # stale from the start)
+        self.verdicts = {w: [PRIOR] * max_len for w in widths}  # the verdicts each position's acceptance stands on,
+        # decayed each round
+        self.tried = {widths[0]}  # the widths drafted with (the others weighed from the chain's acceptance)
+        self.nodes: dict[tuple[int, int], float] = {}  # (depth, width) -> a row's nodes, where more than its depth
+        self.width, self.widest = widths[0], widths[-1]
         self.seconds: dict[int, float] = {}  # tokens in the target's forward -> seconds of the round
         self.seen: set[int] = set()  # token counts run once (a first run compiles: no cost signal)
         self.rows, self.rounds, self.draft_len = 1, 0, 0
@@ -60,9 +70,21 @@ class BatchDraftLength(DraftPolicy):
             return max(proportional, self.seconds[nearest] - slope * (nearest - tokens))
         return min(self.seconds[n] + slope * (tokens - n) for n in known[-2:])  # past a dear count (BLAS's blocking)
 
-    def expected_tokens(self, k: int) -> float:
-        """Tokens a row gets from a round of k drafts: 1, and what drafting rows add, for the share that draft."""
-        return 1 + self.share * (self.chain.expected_tokens(k) - 1)
+    @property
+    def chain(self) -> Shape:
+        return self.shapes[min(self.shapes)]
+
+    def expected_tokens(self, k: int, width: int = 1) -> float:
+        """Tokens a row gets from a round of k drafts (a tree's k levels): 1, and what drafting rows add, for the
+        share that draft."""
+        if width in self.tried:
+            return 1 + self.share * (self.shapes[width].expected_tokens(k) - 1)
+        untried = [1 - (1 - a) ** width for a in self.chain.acceptance]
+        return 1 + self.share * (self.chain.expected_tokens(k, untried) - 1)
+
+    def tokens(self, rows: int, k: int, width: int = 1) -> int:
+        """The tokens a round of `rows` rows drafting k (a tree's depth, `width` wide) runs in the target's forward."""
+        return rows * (1 + round(self.nodes.get((k, width), k * width)))
 
     def next_draft_len(self, remaining: int, outlook: list[float] | None = None) -> int:
         self.rounds += 1
@@ -73,30 +95,36 @@ class BatchDraftLength(DraftPolicy):
         elif len(self.seconds) < 2:
             k = 0 if 2 * rows in self.seconds else 1  # a second token count to draw the line through
         else:
-            k = self.best(rows, remaining)
+            k, self.width = self.best(rows, remaining)
             break_even = (self.time(2 * rows) - plain) / plain
             if k == 0 and probe_due(self.rounds, self.probe_every, break_even):
-                k = 1  # a cheap probe: has the text become predictable?
-            self.note = (f"draft length {k} at {rows} rows: expected {self.expected_tokens(k):.2f} tokens/round"
-                         if k else f"drafting off at {rows} rows: a draft costs {break_even:.2f} plain steps, recent "
-                                   f"first-draft acceptance {self.chain.acceptance[0]:.0%}")
+                k, self.width = 1, min(self.shapes)  # a cheap probe: has the text become predictable?
+            tree = f", trees of width {self.width}" if self.width > 1 else ""
+            self.note = (f"draft length {k}{tree} at {rows} rows: expected "
+                         f"{self.expected_tokens(k, self.width):.2f} tokens/round" if k else
+                         f"drafting off at {rows} rows: a draft costs {break_even:.2f} plain steps, recent "
+                         f"first-draft acceptance {self.chain.acceptance[0]:.0%}")
+        if not k:
+            self.width = min(self.shapes)
         self.draft_len = k
         return max(0, min(k, remaining - 1))
 
-    def best(self, rows: int, remaining: int | None = None) -> int:
-        """The draft length expected to make the most tokens per second at `rows` rows (two token counts measured),
-        over the `remaining` tokens the longest row still wants (None: no end in sight)."""
+    def best(self, rows: int, remaining: int | None = None) -> tuple[int, int]:
+        """The draft length (and width) expected to make the most tokens per second at `rows` rows (two token
+        counts measured), over the `remaining` tokens the longest row still wants (None: no end in sight)."""
         self.explore()
-        largest, rates = max(self.seconds), {}
-        for k in range(self.max_len + 1):
-            past = rows * (1 + k) > largest  # the first length past the counts measured, at the optimist's guess:
-            # the others wait for it, and it waits for enough of its rounds left to repay the two that measure it
-            # (with 32-token answers at 8 rows, trying two, three and four drafts ate the gain of one)
-            if past and k and remaining is not None and remaining < HORIZON * self.expected_tokens(k):
-                break
-            rates[k] = self.expected_tokens(k) / self.time(rows * (1 + k))
-            if past:
-                break
+        largest, rates = max(self.seconds), {(0, min(self.shapes)): 1 / self.time(rows)}
+        for width in self.shapes:
+            for k in range(1, self.max_len + 1):
+                tokens = self.tokens(rows, k, width)
+                past = tokens > largest  # the first length past the counts measured, at the optimist's guess: the
+                # others wait for it, and it waits for enough of its rounds left to repay the two that measure it
+                # (with 32-token answers at 8 rows, trying two, three and four drafts ate the gain of one)
+                if past and remaining is not None and remaining < HORIZON * self.expected_tokens(k, width):
+                    break
+                rates[k, width] = self.expected_tokens(k, width) / self.time(tokens)
+                if past:
+                    break
         return max(rates, key=rates.__getitem__)
 
     def go_on(self, confidences: list[list[float]]) -> bool:
@@ -119,15 +147,25 @@ class BatchDraftLength(DraftPolicy):
         """Whether a row joining a batch of `rows` rows is worth readying to draft (the drafter's work on its prompt):
         yes until the costs measured say drafting does not pay at that size; its drafter then starts on the
         positions it decodes, if drafting turns on (probes included)."""
-        return len(self.seconds) < 2 or self.best(rows) > 0
+        return len(self.seconds) < 2 or self.best(rows)[0] > 0
 
     def explore(self) -> None:
         """A position no round judged of late (STALE rounds) is taken to pass as often as the one before it, not
         at its old estimate: else a policy that found one draft paying would never learn whether two do, nor
-        again after a few unlucky rounds judged the second."""
-        for j in range(1, self.max_len):
-            if self.rounds - self.judged[j] > STALE:
-                self.chain.acceptance[j], self.verdicts[j] = self.chain.acceptance[j - 1], min(self.verdicts[j], PRIOR)
+        again after a few unlucky rounds judged the second. Likewise a width no round drafted of late (4 STALE
+        rounds: each retry costs a round or two) is taken to pass as the one drafted implies, each of its candidates
+        as a chain's draft, independently (a level of W passes 1 - (1 - a)^W as often as a chain's draft a): else
+        a few unlucky chains would leave trees for good."""
+        latest = max(self.shapes, key=lambda w: self.judged[w][0])
+        for w, shape in self.shapes.items():
+            if w != latest and w in self.tried and self.rounds - self.judged[w][0] > 4 * STALE:
+                shape.acceptance = [1 - (1 - a) ** (w / latest) for a in self.shapes[latest].acceptance]
+                self.verdicts[w] = [min(v, PRIOR) for v in self.verdicts[w]]
+        for w, shape in self.shapes.items():
+            for j in range(1, self.max_len):
+                if self.rounds - self.judged[w][j] > STALE:
+                    shape.acceptance[j] = shape.acceptance[j - 1]
+                    self.verdicts[w][j] = min(self.verdicts[w][j], PRIOR)
 
     def observe(self, draft_len: int, accepted: int, seconds: float | None,
                 rows: list[tuple[int, int]] | None = None, asked: int | None = None) -> None:
@@ -136,14 +174,22 @@ class BatchDraftLength(DraftPolicy):
         acceptance by the verdicts of the drafting rows that reached it, a token there or not: one that drafted
         fewer (n-gram found no more) gained nothing."""
         d, rows = self.decay, rows or [(draft_len, accepted)]
+        w, depth = self.width, max(drafts for drafts, _ in rows)  # a tree's: its levels, `draft_len` its nodes
+        if depth and w not in self.tried:  # its first round: from the acceptance it was weighed at
+            self.tried.add(w)
+            self.shapes[w].acceptance = [1 - (1 - a) ** w for a in self.chain.acceptance]
+        if draft_len > depth:
+            old = self.nodes.get((depth, w))
+            self.nodes[depth, w] = draft_len if old is None else d * old + (1 - d) * draft_len
         if draft_len:
             self.share = d * self.share + (1 - d) * sum(drafts > 0 for drafts, _ in rows) / len(rows)
-        for j in range(draft_len):
+        shape = self.shapes[w]
+        for j in range(depth):
             judged = [j < kept for drafts, kept in rows if drafts and j <= kept]
             if judged:
-                weight = d * self.verdicts[j]  # the past's verdicts, decayed
-                self.chain.acceptance[j] = (weight * self.chain.acceptance[j] + sum(judged)) / (weight + len(judged))
-                self.verdicts[j], self.judged[j] = weight + len(judged), self.rounds
+                weight = d * self.verdicts[w][j]  # the past's verdicts, decayed
+                shape.acceptance[j] = (weight * shape.acceptance[j] + sum(judged)) / (weight + len(judged))
+                self.verdicts[w][j], self.judged[w][j] = weight + len(judged), self.rounds
         tokens = len(rows) * (1 + draft_len)
         if tokens not in self.seen:
             self.seen.add(tokens)
