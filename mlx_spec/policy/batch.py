@@ -42,7 +42,7 @@ class BatchDraftLength(DraftPolicy):
         # decayed each round
         self.tried = {widths[0]}  # the widths drafted with (the others weighed from the chain's acceptance)
         self.nodes: dict[tuple[int, int], float] = {}  # (depth, width) -> a row's nodes, where more than its depth
-        self.width, self.widest = widths[0], widths[-1]
+        self.width = widths[0]
         self.seconds: dict[int, float] = {}  # tokens in the target's forward -> seconds of the round
         self.seen: set[int] = set()  # token counts run once (a first run compiles: no cost signal)
         self.rows, self.rounds, self.draft_len = 1, 0, 0
@@ -77,10 +77,13 @@ class BatchDraftLength(DraftPolicy):
     def expected_tokens(self, k: int, width: int = 1) -> float:
         """Tokens a row gets from a round of k drafts (a tree's k levels): 1, and what drafting rows add, for the
         share that draft."""
-        if width in self.tried:
-            return 1 + self.share * (self.shapes[width].expected_tokens(k) - 1)
-        untried = [1 - (1 - a) ** width for a in self.chain.acceptance]
-        return 1 + self.share * (self.chain.expected_tokens(k, untried) - 1)
+        acceptance = None if width in self.tried else self.implied(width, min(self.shapes))
+        return 1 + self.share * (self.shapes[width].expected_tokens(k, acceptance) - 1)
+
+    def implied(self, width: int, by: int) -> list[float]:
+        """The acceptance per depth of `width` that the one learnt for width `by` implies, each candidate passing as
+        a chain's draft does, independently: a level of W passes 1 - (1 - a)^W as often as a chain's draft a."""
+        return [1 - (1 - a) ** (width / by) for a in self.shapes[by].acceptance]
 
     def tokens(self, rows: int, k: int, width: int = 1) -> int:
         """The tokens a round of `rows` rows drafting k (a tree's depth, `width` wide) runs in the target's forward."""
@@ -153,13 +156,12 @@ class BatchDraftLength(DraftPolicy):
         """A position no round judged of late (STALE rounds) is taken to pass as often as the one before it, not
         at its old estimate: else a policy that found one draft paying would never learn whether two do, nor
         again after a few unlucky rounds judged the second. Likewise a width no round drafted of late (4 STALE
-        rounds: each retry costs a round or two) is taken to pass as the one drafted implies, each of its candidates
-        as a chain's draft, independently (a level of W passes 1 - (1 - a)^W as often as a chain's draft a): else
-        a few unlucky chains would leave trees for good."""
+        rounds: each retry costs a round or two) is taken to pass as the one drafted implies (`implied`): else a
+        few unlucky chains would leave trees for good."""
         latest = max(self.shapes, key=lambda w: self.judged[w][0])
         for w, shape in self.shapes.items():
             if w != latest and w in self.tried and self.rounds - self.judged[w][0] > 4 * STALE:
-                shape.acceptance = [1 - (1 - a) ** (w / latest) for a in self.shapes[latest].acceptance]
+                shape.acceptance = self.implied(w, latest)
                 self.verdicts[w] = [min(v, PRIOR) for v in self.verdicts[w]]
         for w, shape in self.shapes.items():
             for j in range(1, self.max_len):
@@ -177,7 +179,7 @@ class BatchDraftLength(DraftPolicy):
         w, depth = self.width, max(drafts for drafts, _ in rows)  # a tree's: its levels, `draft_len` its nodes
         if depth and w not in self.tried:  # its first round: from the acceptance it was weighed at
             self.tried.add(w)
-            self.shapes[w].acceptance = [1 - (1 - a) ** w for a in self.chain.acceptance]
+            self.shapes[w].acceptance = self.implied(w, min(self.shapes))
         if draft_len > depth:
             old = self.nodes.get((depth, w))
             self.nodes[depth, w] = draft_len if old is None else d * old + (1 - d) * draft_len
