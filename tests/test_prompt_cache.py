@@ -7,14 +7,23 @@ import httpx
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import KEY, PROMPT, chat_ids, loaded, mlx_lm_text, plain_greedy, start_server
+from helpers import (
+    KEY,
+    PROMPT,
+    chat_ids,
+    loaded,
+    mlx_lm_text,
+    plain_greedy,
+    start_server,
+)
 from test_server import client
 
 import mlx_spec
+from mlx_spec.core.sampling import SamplingParams
 from mlx_spec.decode.rounds import Job
 from mlx_spec.drafters.dflash import BlockRows
 from mlx_spec.runners.ragged import RaggedBatch
-from mlx_spec.core.sampling import SamplingParams
+from mlx_spec.runners.ragged_kv import STEP
 
 OPENINGS = [PROMPT, "class Stack(object):\n", "def main():\n    x = 1\n", "import re\n", "x = [1, 2]\n",
             "def f(a, b):\n", "# notes\n", "for i in range(3):\n"]
@@ -183,3 +192,43 @@ def test_a_server_serves_alternating_chats_from_its_prompt_cache_within_budget(t
     assert all(hit >= first["prompt"] for hit, first in again[:3])  # its whole first turn's prompt, and more
     assert all(hit < first["prompt"] // 2 for hit, first in again[-3:])  # the template's opening at most
     assert 0 < status["memory"]["prompt_cache"] <= status["memory"]["prompt_cache_budget"] == budget
+
+
+def test_rows_far_past_the_sliding_window_hold_only_the_window(tiny, monkeypatch):
+    """Gemma 3 rows (a 16-token window) decode hundreds of tokens past it in a batch (n-gram drafts accepted and
+    rejected, rows leaving and joining); their next turns start from what the rows stored, in a batch and alone.
+    Every answer is mlx-lm's plain greedy decoding; the window's layers hold at most twice what the rows' next
+    queries see (each row's last 17 positions, amid the columns of its rejected drafts), and their buffers hold far
+    fewer columns than full attention's."""
+    engine = mlx_spec.load(str(tiny["gemma3"]), drafter="ngram", draft_len=3)
+    engine.cache_prompts(1 << 30)
+    seen, forward = [], RaggedBatch.forward  # after each forward of the target's rows: what each layer held before
+
+    def watched(self, tokens, lengths, *args, **kwargs):
+        logits = forward(self, tokens, lengths, *args, **kwargs)
+        if self.model is engine.target.model and self.windows:
+            n = tokens.shape[1]  # besides the forward's inputs
+            seen.append([(cache.window, self.columns - n - cache.first, cache.keys.shape[2] - n)
+                         for cache in self.layers])
+        return logits
+    monkeypatch.setattr(RaggedBatch, "forward", watched)
+    prompts = [engine.encode(opening) for opening in OPENINGS[:3]] + [engine.encode(OPENINGS[3] * 150)[:700]]
+    every = []  # the long prompt runs in pieces (PREFILL_CHUNK), its window sliding between them
+    for turn, lengths in enumerate([(400, 330, 260, 200), (40, 40, 40, 40)]):
+        jobs = [Job(prompt, max_tokens=n) for prompt, n in zip(prompts, lengths)]
+        if turn == 0:
+            results = list(engine.generate_many(jobs, 3))
+        else:  # one alone, the others in a batch
+            results = [(0, engine.generate(prompts[0], max_tokens=40))]
+            results += [(1 + i, result) for i, result in engine.generate_many(jobs[1:], 3)]
+        for i, result in results:
+            assert result.tokens == plain_greedy(tiny["gemma3"], prompts[i], lengths[i]), (turn, i)
+            assert turn == 0 or result.stats.reused_prompt_tokens == len(prompts[i]) - 1 - len(engine.encode("\n#"))
+            prompts[i] = prompts[i] + result.tokens + engine.encode("\n#")
+        every += [result.stats for _, result in results]
+    assert 0 < sum(s.accepted for s in every) < sum(s.drafted for s in every)
+    windows = [(held, width) for layers in seen for window, held, width in layers if window]
+    full = [width for layers in seen for window, _, width in layers if not window]
+    # a row's last 17 positions span at most 4 columns each (a round of 3 drafts keeps at least its first input)
+    held, width = max(held for held, _ in windows), max(width for _, width in windows)
+    assert held <= 4 * 17 + 4 and width <= held + STEP and max(full) > 2 * width

@@ -21,7 +21,8 @@ import mlx.core as mx
 from ..core.events import Done, Result, collect
 from ..policy.batch import BatchDraftLength
 from ..policy.sequence import AdaptiveDraftLength, FixedDraftLength
-from ..runners.ragged import RaggedBatch, RaggedKVCache, check_batches
+from ..runners.ragged import RaggedBatch, check_batches
+from ..runners.ragged_kv import RaggedKVCache
 from ..runners.target import PREFILL_CHUNK
 from ..runners.vision import prompt_keys
 from ..seams.errors import SpecError
@@ -62,11 +63,12 @@ def batch_problem(model, drafter=None) -> str | None:
 def largest_batch(model, tokens_per_row: int, available: int, kv_bits: int | None = None,
                   kv_group_size: int = 64) -> int:
     """The most rows (up to MAX_BATCH) whose caches, `tokens_per_row` positions each, fit in half of `available`
-    bytes: the KV bytes per position and the recurrent states' bytes per row measured on a one-token forward."""
+    bytes: the KV bytes per column (a sliding window's layers hold fewer, `columns_for`) and the recurrent states'
+    bytes per row measured on a one-token forward."""
     probe = RaggedBatch(model, rows=1, kv_bits=kv_bits, kv_group_size=kv_group_size)
     probe.forward(mx.array([[0]], dtype=mx.int32), [1])
-    per_position = sum(c.nbytes for c in probe.layers if isinstance(c, RaggedKVCache)) / probe.capacity
-    per_row = per_position * tokens_per_row + sum(c.nbytes for c in probe.recurrent)
+    per_row = sum(c.nbytes / probe.capacity * c.columns_for(tokens_per_row) for c in probe.layers
+                  if isinstance(c, RaggedKVCache)) + sum(c.nbytes for c in probe.recurrent)
     return int(max(1, min(MAX_BATCH, available // 2 // max(1, per_row))))
 
 

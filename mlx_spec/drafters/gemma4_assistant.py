@@ -104,14 +104,16 @@ class BatchedAssistant(LastHiddenRows):
         lengths = [k if h is not None else 0 for k, h in zip(lengths, self.last_hidden)]
         if max(lengths) == 0:
             return [Draft.empty() for _ in contexts]
-        drafter, batch, columns = self.drafter, self.target, self.target.columns
-        valid = batch.valid[:, :columns]
+        drafter, batch = self.drafter, self.target
+        valid = batch.valid[:, :batch.columns]
         query = batch.offsets  # each row's next position: that of the round's first input
-        recent = query[:, None] - batch.column_positions() <= drafter.sliding_keys
-        masks = {"full_attention": mx.array(valid[:, None, None]),
-                 "sliding_attention": mx.array((valid & recent)[:, None, None])}
-        kv = {kind: (batch.caches[i].keys[..., :columns, :], batch.caches[i].values[..., :columns, :])
-              for kind, i in drafter.sources.items()}
+        seen = {"full_attention": valid,
+                "sliding_attention": valid & (query[:, None] - batch.column_positions() <= drafter.sliding_keys)}
+        kv, masks = {}, {}
+        for kind, i in drafter.sources.items():
+            first, *held = batch.caches[i].held()  # a sliding layer's: from its window's first column
+            kv[kind] = tuple(held)
+            masks[kind] = mx.array(seen[kind][:, None, None, first:])
         position = mx.array(query.astype(np.int32))
         hidden = self.stacked()[:, None]
 

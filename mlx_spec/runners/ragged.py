@@ -8,13 +8,17 @@ by the next forward. Holes are squeezed out when the buffers would otherwise gro
 (`compact`): a lone row without holes runs under mlx-lm's own masks for one sequence (`lone_mask`). Rows leave
 (`select`) and join (`join`, after their prompt ran in a batch of their own) between forwards.
 
-Sliding-window layers hold every column too (their memory grows as full attention's does): the mask they ask
-for (`window_size`) hides, per row, what lies beyond the window of each query's own position. Recurrent layers
-(Qwen3.5 / 3.6's Gated DeltaNet, Mamba 2, linear attention: models/recurrence.py) keep one recurrent state per row
-(`caches.RecurrentCache`): while a round is marked they keep the state after every input, each row knows which
-kept state follows each of its real inputs, and `keep` gives each row the state after its last kept input. Padding
-runs through the recurrence only after a row's real inputs; before the next forward of the round each row is set
-back to the state after its last real input. Other cache types: `RaggedBatch.problem` says why they cannot be batched.
+Sliding-window layers hold only the columns from their window's `starts` on: once they hold twice what their rows
+still need (each row's last window + 1 positions), they drop the columns before that (`_slide`), so a long
+context costs them a window, not its length. The mask they ask for (`window_size`, else their own) hides, per
+row, what lies beyond the window of each query's own position.
+
+Recurrent layers (Qwen3.5 / 3.6's Gated DeltaNet, Mamba 2, linear attention: models/recurrence.py) keep one
+recurrent state per row (`caches.RecurrentCache`): while a round is marked they keep the state after every input,
+each row knows which kept state follows each of its real inputs, and `keep` gives each row the state after its last
+kept input. Padding runs through the recurrence only after a row's real inputs; before the next forward of the round
+each row is set back to the state after its last real input. Other cache types: `RaggedBatch.problem` says why they
+cannot be batched.
 """
 
 from __future__ import annotations
@@ -32,79 +36,15 @@ from mlx_lm.models.cache import (
     KVCache,
     QuantizedKVCache,
     RotatingKVCache,
-    create_attention_mask,
     make_prompt_cache,
 )
 
 from ..models import recurrence
 from ..seams import compat
 from ..seams.caches import RecurrentCache, check_trees, layers_of
+from .ragged_kv import STEP, RaggedKVCache, parts_of, shifted
 from .target import hidden_from, next_piece
 from .vision import Images
-
-STEP = 256  # columns added when the buffers grow
-
-
-class RaggedKVCache:
-    """One attention layer's keys and values; the layout (columns, positions, masks) is its batch's. With
-    `bits`, they are kept quantized as mlx-lm's QuantizedKVCache keeps them ((data, scales, biases), each token's
-    groups on their own) and mlx-lm's attention, seeing `bits`, attends over them quantized."""
-
-    def __init__(self, batch: "RaggedBatch", bits: int | None = None, group_size: int = 64):
-        self.batch = batch
-        self.keys = self.values = None
-        if bits:
-            self.bits, self.group_size = bits, group_size
-
-    @property
-    def offset(self) -> mx.array:
-        return self.batch.positions  # (B,) the position of each row's first new token
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        if hasattr(self, "bits"):
-            keys, values = (tuple(mx.quantize(x, group_size=self.group_size, bits=self.bits)) for x in (keys, values))
-        start = self.batch.columns
-        end = start + _parts(keys)[0].shape[2]
-        if self.keys is None or _parts(self.keys)[0].shape[2] < self.batch.capacity:
-            self.keys, self.values = (_widen(self.keys, keys, self.batch.capacity),
-                                      _widen(self.values, values, self.batch.capacity))
-        for buffer, new in zip(_parts(self.keys) + _parts(self.values), _parts(keys) + _parts(values)):
-            buffer[..., start:end, :] = new
-        return tree_map(lambda buffer: buffer[..., :end, :], (self.keys, self.values))
-
-    def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False, **kwargs):
-        if self.batch.lone:
-            return lone_mask(n, int(self.batch.columns), window_size, return_array)
-        return self.batch.window_mask(window_size) if window_size else self.batch.mask
-
-    @property
-    def state(self):
-        return self.keys, self.values
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.keys is None else sum(part.nbytes for part in _parts(self.keys) + _parts(self.values))
-
-
-def lone_mask(n: int, held: int, window: int | None, return_array: bool):
-    """The mask of `n` inputs of a lone row whose `held` columns are all its own (no hole): what mlx-lm's KVCache
-    gives one sequence (none for one input, "causal" for more, an array where a window or the model asks)."""
-    return create_attention_mask(n, held, return_array, window)
-
-
-def _parts(buffer) -> tuple:
-    """A buffer's arrays: one (float) or three (quantized: data, scales, biases)."""
-    return buffer if isinstance(buffer, tuple) else (buffer,)
-
-
-def _widen(buffer, like, width: int):
-    """`buffer` (None: nothing yet) with columns up to `width`, in `like`'s form."""
-    def widen(part: mx.array | None, new: mx.array) -> mx.array:
-        shape = (new.shape[0], new.shape[1], width, new.shape[3])
-        if part is None:
-            return mx.zeros(shape, new.dtype)
-        return mx.concatenate([part, mx.zeros((*shape[:2], width - part.shape[2], shape[3]), part.dtype)], axis=2)
-    return tree_map(widen, buffer, like) if buffer is not None else tree_map(lambda new: widen(None, new), like)
 
 
 class RaggedBatch:
@@ -121,10 +61,14 @@ class RaggedBatch:
                 return RecurrentCache(len(cache.cache))
             if isinstance(cache, CacheList):  # a sparse attention's keys and values, its indexer's keys
                 return CacheList(*(RaggedKVCache(self) for _ in cache.caches))
+            if type(cache) is RotatingKVCache and not cache.keep:
+                return RaggedKVCache(self, window=cache.max_size)
             return RaggedKVCache(self, kv_bits if type(cache) is KVCache else None, kv_group_size)
 
         self.caches = [ours(cache) for cache in make_prompt_cache(model)]  # as the model takes them
         self.layers = layers_of(self.caches)  # each holding its own keys and values, or states
+        self.windows = sorted({c.window for c in self.layers if isinstance(c, RaggedKVCache) and c.window})
+        self.starts: dict[int, int] = {}  # per sliding window: the first column its layers hold (else 0)
         self.recurrent = [c for c in self.layers if isinstance(c, RecurrentCache)]
         self.states = None  # while a round is marked, per row: the recurrent state (saved index) after each input
         self.columns = 0  # columns written (valid or not)
@@ -162,25 +106,32 @@ class RaggedBatch:
 
     @classmethod
     def holding(cls, model, layers: list, n: int, **kv) -> "RaggedBatch":
-        """A one-row batch holding `n` positions given per layer as `row_positions` gives them (an attention
-        layer may give only its last ones, a sliding window's: the columns before them hold zeros, which its mask
-        hides). `kv`: as the constructor's."""
+        """A one-row batch holding `n` positions given per layer as `row_positions` gives them (a sliding window's
+        layer may give only its last ones: it holds those). `kv`: as the constructor's."""
         batch = cls(model, rows=1, **kv)
         for cache, layer in zip(batch.layers, layers, strict=True):
             if isinstance(cache, RecurrentCache):
                 cache.cache = list(layer)
                 cache.release()
-            else:
-                cache.keys, cache.values = tree_map(lambda part: _shift(part, n - part.shape[2]), tuple(layer))
+            elif cache.window:
+                given = n - parts_of(layer[0])[0].shape[2]
+                batch.starts[cache.window] = min(batch.starts.get(cache.window, given), given)
+        for cache, layer in zip(batch.layers, layers):  # a window's layers from their common first column
+            if isinstance(cache, RaggedKVCache):
+                cache.first = batch.starts.get(cache.window, 0)
+                cache.keys, cache.values = tree_map(lambda part: shifted(part, n - cache.first - part.shape[2]),
+                                                    tuple(layer))
         batch.valid, batch.columns, batch.capacity = np.ones((1, n), dtype=bool), n, n
         return batch
 
     def row_positions(self, row: int) -> list:
         """What row `row` holds, per layer: an attention layer's keys and values (1, H, n, D) at its n positions
-        (quantized: their parts), a recurrent layer's [conv window, state]."""
-        columns = mx.array(np.flatnonzero(self.valid[row, :self.columns]))
-        return [[part[row:row + 1] for part in cache.cache] if isinstance(cache, RecurrentCache)
-                else tree_map(lambda buffer: mx.take(buffer[row:row + 1], columns, axis=2), (cache.keys, cache.values))
+        (quantized: their parts; a sliding window's: those it holds, its last ones), a recurrent layer's [conv
+        window, state]."""
+        def held(cache: RaggedKVCache):
+            columns = mx.array(np.flatnonzero(self.valid[row, cache.first:self.columns]))
+            return tree_map(lambda buffer: mx.take(buffer[row:row + 1], columns, axis=2), (cache.keys, cache.values))
+        return [[part[row:row + 1] for part in cache.cache] if isinstance(cache, RecurrentCache) else held(cache)
                 for cache in self.layers]
 
     def extend(self, tokens: list[int], read_hidden=None, hidden_tail: int | None = None,
@@ -250,6 +201,8 @@ class RaggedBatch:
         b, n = tokens.shape[:2]
         if self.states is not None:
             self._resume_recurrent()
+        if self.windows and (self.marked is None or self.marked == self.columns):  # nothing of a round written
+            self._slide()
         if self.columns + n > self.capacity:
             self._make_room(n)
         self.depths = np.tile(np.arange(n), (b, 1))  # of each input past its row's last held position
@@ -292,20 +245,31 @@ class RaggedBatch:
         """(B, columns): the position of each row's entry in each column (meaningful where it is valid)."""
         return np.cumsum(self.valid[:, :self.columns], axis=1) - 1
 
-    def window_mask(self, window: int) -> mx.array:
-        """The forward's mask for a sliding-window layer: also hidden, per row, the columns at or beyond `window`
-        positions before each query's own."""
-        if window not in self._windows:
-            n = self.mask.shape[2]
-            held = self.column_positions()
+    def window_mask(self, window: int, first: int = 0) -> mx.array:
+        """The forward's mask for a sliding-window layer holding the columns from `first` on: also hidden, per
+        row, the columns at or beyond `window` positions before each query's own."""
+        if (window, first) not in self._windows:
+            n, held = self.mask.shape[2], self.columns - first
+            positions = self.column_positions()[:, first:]
             queries = self.offsets[:, None] + self.depths  # (B, n)
-            recent = np.ones((self.size, n, self.columns + n), dtype=bool)
-            recent[:, :, :self.columns] = queries[:, :, None] - held[:, None, :] < window
-            recent[:, :, self.columns:] = self.depths[:, :, None] - self.depths[:, None, :] < window
+            recent = np.ones((self.size, n, held + n), dtype=bool)
+            recent[:, :, :held] = queries[:, :, None] - positions[:, None, :] < window
+            recent[:, :, held:] = self.depths[:, :, None] - self.depths[:, None, :] < window
             if self.seen is not None:
-                recent[:, :, self.columns:] |= self.seen
-            self._windows[window] = self.mask & mx.array(recent[:, None])
-        return self._windows[window]
+                recent[:, :, held:] |= self.seen
+            self._windows[window, first] = self.mask[..., first:] & mx.array(recent[:, None])
+        return self._windows[window, first]
+
+    def _slide(self) -> None:
+        """Sliding-window layers holding twice what their rows' next queries may see (each row's last window + 1
+        positions) leave the columns before that behind, at their next write."""
+        for window in self.windows:
+            first, keep = self.starts.get(window, 0), window + 1
+            if self.columns - first <= 2 * keep or not self.size:
+                continue
+            valid = self.valid[:, first:self.columns]
+            needed = valid & (np.cumsum(valid, axis=1) > valid.sum(axis=1)[:, None] - keep)
+            self.starts[window] = first + int(np.where(needed.any(axis=1), needed.argmax(axis=1), valid.shape[1]).min())
 
     def keep(self, kept: list[int | list[int]]) -> None:
         """Of the real inputs each row ran since `mark`, row i keeps its first kept[i], or (a tree's) the inputs
@@ -382,6 +346,8 @@ class RaggedBatch:
                 continue
             if mine.keys is None and theirs.keys is None:
                 continue  # nothing cached yet on either side (one-token prompts)
+            first = min([cache.first + pad for (batch, pad), cache in zip(sides, (mine, theirs)) if batch.size],
+                        default=0)  # a window's: the first column either side's rows need
             stacked = []
             for which in ("keys", "values"):  # of their own widths (MLA's differ)
                 parts, like = [], getattr(mine if mine.keys is not None else theirs, which)
@@ -390,9 +356,12 @@ class RaggedBatch:
                     if buffer is None:
                         buffer = tree_map(lambda part: mx.zeros((batch.size, part.shape[1], 0, part.shape[3]),
                                                                 part.dtype), like)
-                    parts.append(tree_map(lambda part: _shift(part[..., :batch.columns, :], pad), buffer))
+                    held, lead = batch.columns - cache.first, cache.first + pad - first
+                    parts.append(tree_map(lambda part: shifted(part[..., :held, :], lead), buffer))
                 stacked.append(tree_map(lambda a, b: mx.concatenate([a, b], axis=0), *parts))
-            mine.keys, mine.values = stacked
+            mine.keys, mine.values, mine.first = *stacked, first
+            if mine.window:
+                self.starts[mine.window] = first
         self.valid = np.concatenate([np.pad(batch.valid[:, :batch.columns], ((0, 0), (pad, 0)))
                                      for batch, pad in sides])
         self.columns = self.capacity = width
@@ -417,19 +386,20 @@ class RaggedBatch:
         for row, count in enumerate(counts):
             index[row, width - count:] = np.flatnonzero(self.valid[row])
             valid[row, width - count:] = True
-        gather = mx.array(index)[:, None, :, None]
+        gathers = {}  # by the columns a layer holds after and before
         for cache in self.layers:
             if isinstance(cache, RaggedKVCache) and cache.keys is not None:
+                first = max(0, width - cache.window - 1) if cache.window else 0  # a window: each row's last ones
+                if (first, cache.first) not in gathers:
+                    kept = np.maximum(index[:, first:] - cache.first, 0)
+                    gathers[first, cache.first] = mx.array(kept)[:, None, :, None]
+                gather = gathers[first, cache.first]
                 cache.keys, cache.values = tree_map(lambda buffer: mx.take_along_axis(buffer, gather, axis=2),
                                                     (cache.keys, cache.values))
+                cache.first = first
+                if cache.window:
+                    self.starts[cache.window] = first
         self.valid, self.columns, self.capacity = valid, width, width
-
-
-def _shift(buffer: mx.array, pad: int) -> mx.array:
-    """`pad` empty columns before `buffer`'s."""
-    if not pad:
-        return buffer
-    return mx.concatenate([mx.zeros((*buffer.shape[:2], pad, buffer.shape[3]), buffer.dtype), buffer], axis=2)
 
 
 def _stack_rows(mine: mx.array | None, rows: int, theirs: mx.array | None, their_rows: int) -> mx.array | None:

@@ -222,17 +222,25 @@ def held_positions(caches: list, held: list, n: int, slack: int) -> list:
 
 def snapshot_of(caches: list, layers: list, n: int) -> list:
     """A snapshot (as `snapshot` takes) of caches like `caches` (fresh ones, which this fills) holding `n`
-    positions, given per layer as `held_positions` gives them (a sliding window's: its last ones, or more)."""
+    positions, given per layer as `held_positions` gives them (a sliding window's: its last window + 1 or more)."""
     for cache, layer in zip(layers_of(caches), layers, strict=True):
         if isinstance(cache, RecurrentCache):
             cache.cache = list(layer)
-        elif isinstance(cache, RotatingKVCache):
-            cache.keys, cache.values = (part[..., -cache.max_size:, :] for part in layer)
+        elif isinstance(cache, RotatingKVCache):  # fewer than it holds: zeros before them, beyond the window
+            cache.keys, cache.values = (_lead(part[..., -cache.max_size:, :], min(n, cache.max_size))
+                                        for part in layer)
             cache.offset = n
             set_write_index(cache, cache.keys.shape[2])
         else:
             (cache.keys, cache.values), cache.offset = layer, n
     return snapshot(caches)
+
+
+def _lead(part: mx.array, width: int) -> mx.array:
+    """`part` with zero columns before its own, `width` in all."""
+    if part.shape[2] >= width:
+        return part
+    return mx.concatenate([mx.zeros((*part.shape[:2], width - part.shape[2], part.shape[3]), part.dtype), part], axis=2)
 
 
 def held_bytes(held) -> int:
