@@ -157,8 +157,8 @@ def test_a_row_joining_where_drafting_does_not_pay_skips_its_prompt_rows_and_dra
     engine = mlx_spec.load(str(DEMO / "demo"), drafter="mtp")
     jobs = jobs_for(engine)[:4]
     read, extend = [], RaggedBatch.extend
-    monkeypatch.setattr(RaggedBatch, "extend", lambda self, tokens, read_hidden=None, tail=None, images=None:
-                        read.append(read_hidden) or extend(self, tokens, read_hidden, tail, images))
+    monkeypatch.setattr(RaggedBatch, "extend", lambda self, tokens, read_hidden=None, *args:
+                        read.append(read_hidden) or extend(self, tokens, read_hidden, *args))
     decoder = BatchedDecoder(engine.target.model, engine.tokenizer, engine.drafter, None, engine.max_draft_len,
                              engine.target.read_hidden, hidden_tail=engine.target.hidden_tail)
     decoder.policy = Unreadied()
@@ -267,9 +267,9 @@ def alone_logits(model, tokens: list[int]) -> mx.array:
 def test_one_rows_rollback_leaves_the_others_untouched(tiny, family, together):
     """A batch of three prompts (prefilled apart, or `together`: padded to the longest, the way prompts that join
     while no row decodes are); each round every row feeds drafts of its own length and keeps its own count
-    (all, some, none), rows leave, a row joins, the holes are squeezed out: after every step each row's logits
-    equal the model run on that row's tokens alone (the sliding window's 16 positions are passed), and keeping
-    fewer in one row changes no other row's K/V."""
+    (all, some, none), rows leave, a row joins, (prefilled apart) all leave and join the emptied batch again, the
+    holes are squeezed out: after every step each row's logits equal the model run on that row's tokens alone (the
+    sliding window's 16 positions are passed), and keeping fewer in one row changes no other row's K/V."""
     model, _ = load(str(tiny[family]))
     # the recurrence over several inputs is mlx-lm's step by step in another form, equal to float32 rounding: logits
     # of size ~15 differ by up to 2.3e-3, as in the one-sequence engine; a state off by one input moves them by 15-20
@@ -308,6 +308,10 @@ def test_one_rows_rollback_leaves_the_others_untouched(tiny, family, together):
             alone.forward(mx.array([tokens[:-1]]), [len(tokens) - 1])
             batch.join(alone)
             rows.append(tokens)
+        if step == 19 and not together:  # every row leaves, and rows join the emptied batch
+            batch.select([])
+            for tokens in rows:
+                batch.join(RaggedBatch.prefilled(model, [tokens[:-1]]))
         if step == 18:
             holes = batch.columns - batch.valid.sum(axis=1).max()
             batch.compact()

@@ -406,3 +406,27 @@ def test_long_prompts_stream_their_features_and_extended_prompts_keep_them(tiny,
     assert step.start == 1099 and chunks == [(1099, 200)] and step.absorbed == 200
     drafter.begin(second, step)
     assert_drafts_match(second)
+
+
+def test_a_batch_row_streams_a_long_prompts_features_and_drafts_as_alone(tiny, monkeypatch):
+    """A long prompt joining a batch (three prefill chunks) hands its drafter each chunk's features as the target
+    runs it, as alone; with a pinned draft length every row then drafts what it drafts alone (the trained block
+    drafter: drafts accepted and rejected), and greedy rows decode as plain decoding does."""
+    from mlx_spec.drafters.dflash import BlockDrafter
+
+    engine = mlx_spec.load(str(tiny["qwen3"]), draft_model=str(tiny["qwen3-dflash"]), draft_len=3)
+    chunks, absorb = {}, BlockDrafter.absorb  # each row's drafter's: (first position, positions)
+    monkeypatch.setattr(BlockDrafter, "absorb", lambda self, start, hidden: (
+        chunks.setdefault(self, []).append((start, hidden.shape[0])), absorb(self, start, hidden)))
+    prompts = [(engine.encode(PROMPT) * 100)[:1100], engine.encode(PROMPT), engine.encode("def f(x):")]
+    jobs = [Job(prompt, SamplingParams(temperature=0.7 if i == 2 else 0.0), 24, seed=i)
+            for i, prompt in enumerate(prompts)]
+    results = dict(engine.generate_many(jobs, 3))
+    assert sorted(chunks.values()) == sorted([[(0, 512), (512, 512), (1024, 75)], [(0, len(prompts[1]) - 1)],
+                                              [(0, len(prompts[2]) - 1)]])
+    for i, job in enumerate(jobs):
+        alone = engine.generate(job.prompt, job.params, job.max_tokens, [], job.seed)
+        assert results[i].tokens == alone.tokens and results[i].from_draft == alone.from_draft, i
+        if job.params.greedy:
+            assert alone.tokens == plain_greedy(tiny["qwen3"], job.prompt, job.max_tokens), i
+    assert 0 < sum(r.stats.accepted for r in results.values()) < sum(r.stats.drafted for r in results.values())

@@ -115,9 +115,9 @@ def test_batched_rows_reuse_and_leave_cached_sequences(tiny, family, options, mo
     monkeypatch.setattr(RaggedBatch, "extend", lambda self, tokens, *args: (
         self.model is getattr(engine.drafter, "weights", None) and draft_starts.append(int(self.offsets[0])))
         or extend(self, tokens, *args))
-    block_held, join = [], BlockRows.join  # what a block drafter's joining rows took back
-    monkeypatch.setattr(BlockRows, "join", lambda self, context, hidden=None, ready=True, held=None: (
-        block_held.append(held is not None)) or join(self, context, hidden, ready, held))
+    block_held, absorber = [], BlockRows.absorber  # what a block drafter's joining rows took back
+    monkeypatch.setattr(BlockRows, "absorber", lambda self, held: block_held.append(held is not None)
+                        or absorber(self, held))
     prompts, held, every = [engine.encode(opening) for opening in OPENINGS[:4]], [0] * 4, []
     for turn in range(3):
         if turn == 1:  # one turn alone, the others in a batch

@@ -169,6 +169,7 @@ class BatchedDecoder:
                 row.ready = self.loop.policy_for(sharing).drafts_at(sharing) if pin is None else pin > 0
                 row.read_hidden = self.read_hidden if row.ready else None
                 row.prefill = self._cached(row)
+                row.absorber = self.drafters.absorber(row.drafter_held) if row.read_hidden else None
         if not rows and not batch.recurrent:
             for group in together([row for row in waiting if row.read_hidden is None and row.prefill is None
                                    and len(row.job.prompt) <= PREFILL_CHUNK and not row.job.images]):
@@ -183,7 +184,8 @@ class BatchedDecoder:
         if waiting:
             row = min(waiting, key=left_to_prefill)
             row.prefill = row.prefill or RaggedBatch(self.model, rows=1, **self.kv)
-            row.prefilled = row.prefill.extend(row.job.prompt[:-1], row.read_hidden, self.hidden_tail, row.job.images)
+            row.prefilled = row.prefill.extend(row.job.prompt[:-1], row.read_hidden, self.hidden_tail, row.job.images,
+                                               row.absorber and row.absorber.absorb)
         unfinished = [left_to_prefill(row) for row in joining if not row.prefilled]
         if self.loop.plan or not (rows or not unfinished or max(unfinished) > PREFILL_CHUNK):
             return
@@ -192,7 +194,7 @@ class BatchedDecoder:
             self._store(row.prefill, 0, row, row.job.prompt[:-1], prompt=True)
             batch.join(row.prefill)
             self._joined(drafters, rows, row, mx.concatenate(row.prefill.hidden) if row.prefill.hidden else None)
-            row.prefill = None
+            row.prefill = row.absorber = None
 
     def _cached(self, row: Row) -> RaggedBatch | None:
         """A one-row batch holding the start of `row`'s prompt that the prompt cache serves (None: none does)."""
@@ -214,8 +216,9 @@ class BatchedDecoder:
             self.prefixes.store(keys, batch.row_positions(index), held)
 
     def _joined(self, drafters, rows: list[Row], row: Row, hidden: mx.array | None) -> None:
-        """`row`, its prompt now in the batch's cache, joins the rows (and its drafter, with `hidden`)."""
+        """`row`, its prompt now in the batch's cache, joins the rows (and its drafter, with `hidden`, or what its
+        `absorber` took of the prompt)."""
         if drafters:
-            drafters.join(row.context, hidden, row.ready, row.drafter_held)
+            drafters.join(row.context, hidden, row.ready, row.absorber.hold() if row.absorber else row.drafter_held)
         row.stats.prefill_seconds = time.perf_counter() - row.started
         rows.append(row)

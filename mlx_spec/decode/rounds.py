@@ -78,6 +78,7 @@ class Row:
         self.ready = True  # whether its drafter works on its prompt (else it starts on what the row decodes)
         self.read_hidden = None  # what reads the hidden states its prompt's prefill keeps (None: none kept)
         self.drafter_held = None  # what its drafter held of the cached sequence its prompt starts from
+        self.absorber = None  # its drafter taking its prompt's features as they run (`BatchDrafter.absorber`)
         self.policy = None  # what chose its last round's draft length
         self.started = time.perf_counter()
 

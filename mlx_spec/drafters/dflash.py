@@ -122,6 +122,12 @@ class BlockDrafter(Drafter):
     def batched(self, target_batch) -> BlockRows:
         return BlockRows(self)
 
+    def row(self, held: tuple | None) -> BlockDrafter:
+        """A drafter of one sequence on the same weights, from a context `hold` gave (None: afresh)."""
+        drafter = BlockDrafter(self.model, self.target_model)
+        drafter.resume(held)
+        return drafter
+
     def covered(self) -> int:
         """The positions whose features the drafter holds or has waiting."""
         return self.start + sum(h.shape[0] for h in self.pending)
@@ -217,9 +223,11 @@ class BlockRows(BatchDrafter):
         self.starts: list[int] = []  # per row: the position of its next feature
         self.pending: list[list[mx.array]] = []  # per row: features waiting to join its context
 
+    def absorber(self, held: tuple | None) -> BlockDrafter:
+        return self.drafter.row(held)
+
     def join(self, context: list[int], hidden=None, ready: bool = True, held=None) -> None:
-        row = BlockDrafter(self.drafter.model, self.drafter.target_model)
-        row.resume(held)
+        row = self.drafter.row(held)
         rows = 0 if hidden is None else hidden.shape[0]
         row.begin(context, Step(None, hidden, start=len(context) - 1 - rows))
         c, length = self.drafter.model.config, row.caches[0].offset

@@ -121,6 +121,12 @@ class BatchDrafter:
         """Row `row`'s drafter state, as `Drafter.hold` gives it (None: none kept)."""
         return None
 
+    def absorber(self, held: object | None) -> Drafter | None:
+        """A drafter of one joining row, from `held` (as `join` takes it), whose `absorb` takes the features of its
+        prompt's prefill piece by piece as they run, so that a long prompt's are never all held; the row then
+        joins with its `hold()`. None: this drafter takes a prompt's states at `join`."""
+        return None
+
     constraints: list | None = None  # per row: its grammar's mask of logits by the drafts before (`constrain`)
 
     def constrain(self, grammars: list) -> None:

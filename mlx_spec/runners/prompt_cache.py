@@ -5,7 +5,8 @@ A target's cache holds one sequence, the live one; a prompt that extends it runs
 one: the live sequence is stored and the stored one restored. Nothing is copied to store or restore (a snapshot
 holds the cache's arrays; MLX copies a buffer something else still reads before it writes into it), so a cache
 copies its buffers once, at its first write after either. (A batch row's positions are gathered out of the
-batch's columns to store, and laid into a batch of its own to restore: one copy of that row's cache each.) A live
+batch's columns to store, a lone row's taken as they are, and laid into a batch of its own to restore: at most
+one copy of that row's cache each.) A live
 sequence about to be cut back to a shorter prefix is stored first. Targets whose cache cannot be cut back at all
 (recurrent or sliding-window layers) also store each prompt's state once it is prefilled: a conversation's next
 turn extends its prompt, though not always the answer as it was generated (a chat template may render it

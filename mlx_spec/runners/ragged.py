@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -127,18 +128,23 @@ class RaggedBatch:
     def row_positions(self, row: int) -> list:
         """What row `row` holds, per layer: an attention layer's keys and values (1, H, n, D) at its n positions
         (quantized: their parts; a sliding window's: those it holds, its last ones), a recurrent layer's [conv
-        window, state]."""
+        window, state]. A lone row without holes gives views of the buffers (a prompt cache keeps them as they are,
+        as `Target.snapshot` keeps a cache's); other rows' are gathered (a copy)."""
         def held(cache: RaggedKVCache):
-            columns = mx.array(np.flatnonzero(self.valid[row, cache.first:self.columns]))
+            valid = self.valid[row, cache.first:self.columns]
+            if self.size == 1 and valid.all():  # a lone row without holes: its columns as they are, not copied
+                return tree_map(lambda buffer: buffer[..., :len(valid), :], (cache.keys, cache.values))
+            columns = mx.array(np.flatnonzero(valid))
             return tree_map(lambda buffer: mx.take(buffer[row:row + 1], columns, axis=2), (cache.keys, cache.values))
         return [[part[row:row + 1] for part in cache.cache] if isinstance(cache, RecurrentCache) else held(cache)
                 for cache in self.layers]
 
     def extend(self, tokens: list[int], read_hidden=None, hidden_tail: int | None = None,
-               images: Images | None = None) -> bool:
+               images: Images | None = None, absorb: Callable[[int, mx.array], None] | None = None) -> bool:
         """Run the next piece (`target.next_piece`) of `tokens` that this one-row batch does not hold yet; whether
         it now holds them all (a prompt prefilled a piece at a time). `read_hidden` (see `target.hidden_reader`):
-        the hidden states of the last `hidden_tail` tokens (None: all) are appended to `hidden`, (n, H) a piece.
+        the hidden states of the last `hidden_tail` tokens (None: all) are appended to `hidden`, (n, H) a piece,
+        or with `absorb` go to `absorb(first position, states)` as each piece runs (never all held at once).
         `images`: the prompt's (runners/vision.py), at their embeddings and positions, as `Target.prefill` runs
         them."""
         done = int(self.offsets[0])
@@ -156,6 +162,8 @@ class RaggedBatch:
                                  seen=None if seen is None else seen[None])
             self.hidden += [read_hidden()[0][max(tail - done, 0):]] if read_hidden and end > tail else []
             mx.eval([c.state for c in self.layers], self.hidden[-1:])
+            if absorb and self.hidden:
+                absorb(max(done, tail), self.hidden.pop())
         return end >= len(tokens)
 
     @staticmethod
@@ -329,9 +337,12 @@ class RaggedBatch:
             elif cache.keys is not None:
                 cache.keys, cache.values = tree_map(lambda buffer: buffer[index], (cache.keys, cache.values))
         self.valid = self.valid[rows]
-        if not rows:
-            self.columns = 0
+        if not rows:  # empty: rows that join start it afresh
+            self.columns, self.starts = 0, {}
             self.valid = np.zeros((0, 0), dtype=bool)
+            for cache in self.layers:
+                if isinstance(cache, RaggedKVCache):
+                    cache.first = 0
         elif len(rows) == 1 and not self.valid[0, :self.columns].all():
             self.compact()  # a row left alone runs without a mask of ours (`lone`)
 
