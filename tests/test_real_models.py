@@ -61,3 +61,24 @@ def test_gemma3_ngram_well_past_the_sliding_window():
     assert len(ids) < window < len(ids) + 160
     result = assert_greedy_identity(engine, path, prompt, 160)
     assert result.stats.accepted > 0
+
+
+def test_gemma3_rows_of_a_batch_well_past_the_sliding_window():
+    """Gemma 3's sliding-window layers in a batch hold about a window, not the context (runners/ragged.py): a row
+    whose prompt is past twice the window and one whose answer crosses it, decoded together with n-gram drafts,
+    equal mlx-lm's plain greedy decoding."""
+    from mlx_spec.decode.rounds import Job
+
+    path = fetched("gemma3-270m")
+    engine = mlx_spec.load(path, drafter="ngram", draft_len=4)
+    window = engine.target.model.args.sliding_window
+    lines, ids = [], []
+    while len(ids) < 2 * window + 300:  # past twice the window + 1 positions: its layers leave the oldest behind
+        lines.append(f"Line {len(lines)}: the quick brown fox jumps over the lazy dog.")
+        ids = mlx_spec.render_prompt(engine.tokenizer, [{"role": "user", "content": "Repeat this text exactly:\n"
+                                                          + " ".join(lines)}])
+    short = mlx_spec.render_prompt(engine.tokenizer, [{"role": "user", "content": "Count from 1 to 300."}])
+    results = dict(engine.generate_many([Job(ids, max_tokens=120), Job(short, max_tokens=window)], 2))
+    assert results[0].tokens == plain_greedy(path, ids, 120)
+    assert results[1].tokens == plain_greedy(path, short, window)
+    assert len(short) + len(results[1].tokens) > window and results[0].stats.accepted > 0
