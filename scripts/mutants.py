@@ -185,7 +185,7 @@ MUTANTS = [
            "first, keep = self.starts.get(window, 0), window + 1", "first, keep = self.starts.get(window, 0), window - 2",
            ("tests/test_batched.py::test_one_rows_rollback_leaves_the_others_untouched[gemma3-False]",)),
     Mutant("a sliding cache restored from a batch row's window holds fewer slots than its offset needs",
-           "mlx_spec/seams/caches.py", "    if part.shape[2] >= width:", "    if True:",
+           "mlx_spec/seams/caches.py", "min(n, cache.max_size) - part.shape[2])", "0)",
            ("tests/test_prompt_cache.py::test_rows_far_past_the_sliding_window_hold_only_the_window",)),
     Mutant("a restored sequence's drafter starts afresh, its stored state not taken back", "mlx_spec/runners/prompt_cache.py",
            "drafter.resume(best.held if best.drafter is drafter and n == len(best.tokens) else None)",

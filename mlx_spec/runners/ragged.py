@@ -42,8 +42,8 @@ from mlx_lm.models.cache import (
 
 from ..models import recurrence
 from ..seams import compat
-from ..seams.caches import RecurrentCache, check_trees, layers_of
-from .ragged_kv import STEP, RaggedKVCache, parts_of, shifted
+from ..seams.caches import RecurrentCache, check_trees, layers_of, shifted
+from .ragged_kv import STEP, RaggedKVCache, parts_of
 from .target import hidden_from, next_piece
 from .vision import Images
 

@@ -45,8 +45,8 @@ class RaggedKVCache:
         return tree_map(lambda buffer: buffer[..., :end, :], (self.keys, self.values))
 
     def columns_for(self, positions: int) -> int:
-        """The most columns it holds for a row of `positions` (a window's: twice what the row needs, and room
-        for the next writes)."""
+        """About the most columns it holds for a row of `positions` (a window's: twice what the row needs, more
+        where other rows' drafts left holes, and room for the next writes)."""
         return min(positions, 2 * (self.window + 1) + STEP) if self.window else positions
 
     def held(self) -> tuple[int, mx.array, mx.array]:
@@ -89,10 +89,3 @@ def widened(buffer, like, width: int):
             return mx.zeros(shape, new.dtype)
         return mx.concatenate([part, mx.zeros((*shape[:2], width - part.shape[2], shape[3]), part.dtype)], axis=2)
     return tree_map(widen, buffer, like) if buffer is not None else tree_map(lambda new: widen(None, new), like)
-
-
-def shifted(buffer: mx.array, pad: int) -> mx.array:
-    """`pad` empty columns before `buffer`'s."""
-    if not pad:
-        return buffer
-    return mx.concatenate([mx.zeros((*buffer.shape[:2], pad, buffer.shape[3]), buffer.dtype), buffer], axis=2)

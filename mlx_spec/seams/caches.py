@@ -227,7 +227,7 @@ def snapshot_of(caches: list, layers: list, n: int) -> list:
         if isinstance(cache, RecurrentCache):
             cache.cache = list(layer)
         elif isinstance(cache, RotatingKVCache):  # fewer than it holds: zeros before them, beyond the window
-            cache.keys, cache.values = (_lead(part[..., -cache.max_size:, :], min(n, cache.max_size))
+            cache.keys, cache.values = (shifted(part[..., -cache.max_size:, :], min(n, cache.max_size) - part.shape[2])
                                         for part in layer)
             cache.offset = n
             set_write_index(cache, cache.keys.shape[2])
@@ -236,11 +236,11 @@ def snapshot_of(caches: list, layers: list, n: int) -> list:
     return snapshot(caches)
 
 
-def _lead(part: mx.array, width: int) -> mx.array:
-    """`part` with zero columns before its own, `width` in all."""
-    if part.shape[2] >= width:
-        return part
-    return mx.concatenate([mx.zeros((*part.shape[:2], width - part.shape[2], part.shape[3]), part.dtype), part], axis=2)
+def shifted(buffer: mx.array, pad: int) -> mx.array:
+    """`pad` empty columns before `buffer`'s (none for `pad` <= 0)."""
+    if pad <= 0:
+        return buffer
+    return mx.concatenate([mx.zeros((*buffer.shape[:2], pad, buffer.shape[3]), buffer.dtype), buffer], axis=2)
 
 
 def held_bytes(held) -> int:
