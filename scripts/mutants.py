@@ -176,7 +176,7 @@ MUTANTS = [
            "queries[:, :, None] - positions[:, None, :] < window", "queries[:, :, None] - positions[:, None, :] <= window",
            ("tests/test_batched.py::test_one_rows_rollback_leaves_the_others_untouched",)),
     Mutant("an emptied batch's sliding-window layers keep their first column", "mlx_spec/runners/ragged.py",
-           "                    cache.first = 0", "                    pass",
+           "            self.columns, self.starts = 0, {}", "            self.columns = 0",
            ("tests/test_batched.py::test_one_rows_rollback_leaves_the_others_untouched[gemma3-False]",)),
     Mutant("a batch's sliding-window layers keep every column", "mlx_spec/runners/ragged.py",
            "            if self.columns - first <= 2 * keep or not self.size:", "            if True:",

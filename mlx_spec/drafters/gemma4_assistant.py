@@ -110,10 +110,9 @@ class BatchedAssistant(LastHiddenRows):
         seen = {"full_attention": valid,
                 "sliding_attention": valid & (query[:, None] - batch.column_positions() <= drafter.sliding_keys)}
         kv, masks = {}, {}
-        for kind, i in drafter.sources.items():
-            first, *held = batch.caches[i].held()  # a sliding layer's: from its window's first column
-            kv[kind] = tuple(held)
-            masks[kind] = mx.array(seen[kind][:, None, None, first:])
+        for kind, i in drafter.sources.items():  # a sliding layer's columns from its window's first
+            kv[kind] = batch.caches[i].held()
+            masks[kind] = mx.array(seen[kind][:, None, None, batch.caches[i].first:])
         position = mx.array(query.astype(np.int32))
         hidden = self.stacked()[:, None]
 

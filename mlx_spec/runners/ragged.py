@@ -119,7 +119,6 @@ class RaggedBatch:
                 batch.starts[cache.window] = min(batch.starts.get(cache.window, given), given)
         for cache, layer in zip(batch.layers, layers):  # a window's layers from their common first column
             if isinstance(cache, RaggedKVCache):
-                cache.first = batch.starts.get(cache.window, 0)
                 cache.keys, cache.values = tree_map(lambda part: shifted(part, n - cache.first - part.shape[2]),
                                                     tuple(layer))
         batch.valid, batch.columns, batch.capacity = np.ones((1, n), dtype=bool), n, n
@@ -270,14 +269,19 @@ class RaggedBatch:
 
     def _slide(self) -> None:
         """Sliding-window layers holding twice what their rows' next queries may see (each row's last window + 1
-        positions) leave the columns before that behind, at their next write."""
+        positions) leave the columns before that behind."""
         for window in self.windows:
             first, keep = self.starts.get(window, 0), window + 1
             if self.columns - first <= 2 * keep or not self.size:
                 continue
             valid = self.valid[:, first:self.columns]
             needed = valid & (np.cumsum(valid, axis=1) > valid.sum(axis=1)[:, None] - keep)
-            self.starts[window] = first + int(np.where(needed.any(axis=1), needed.argmax(axis=1), valid.shape[1]).min())
+            drop = int(np.where(needed.any(axis=1), needed.argmax(axis=1), valid.shape[1]).min())
+            for cache in self.layers:
+                if isinstance(cache, RaggedKVCache) and cache.window == window and cache.keys is not None:
+                    cache.keys, cache.values = tree_map(lambda buffer: buffer[..., drop:, :],
+                                                        (cache.keys, cache.values))
+            self.starts[window] = first + drop
 
     def keep(self, kept: list[int | list[int]]) -> None:
         """Of the real inputs each row ran since `mark`, row i keeps its first kept[i], or (a tree's) the inputs
@@ -340,9 +344,6 @@ class RaggedBatch:
         if not rows:  # empty: rows that join start it afresh
             self.columns, self.starts = 0, {}
             self.valid = np.zeros((0, 0), dtype=bool)
-            for cache in self.layers:
-                if isinstance(cache, RaggedKVCache):
-                    cache.first = 0
         elif len(rows) == 1 and not self.valid[0, :self.columns].all():
             self.compact()  # a row left alone runs without a mask of ours (`lone`)
 
@@ -350,6 +351,7 @@ class RaggedBatch:
         """Append `other`'s rows (a prompt prefilled on its own), right-aligned with this batch's columns."""
         width = max(self.columns, other.columns)
         sides = [(self, width - self.columns), (other, width - other.columns)]
+        starts = {}  # per window: the first column either side's rows need
         for mine, theirs in zip(self.layers, other.layers):
             if isinstance(mine, RecurrentCache):
                 mine.cache = [_stack_rows(a, self.size, b, other.size) for a, b in zip(mine.cache, theirs.cache)]
@@ -358,7 +360,7 @@ class RaggedBatch:
             if mine.keys is None and theirs.keys is None:
                 continue  # nothing cached yet on either side (one-token prompts)
             first = min([cache.first + pad for (batch, pad), cache in zip(sides, (mine, theirs)) if batch.size],
-                        default=0)  # a window's: the first column either side's rows need
+                        default=0)
             stacked = []
             for which in ("keys", "values"):  # of their own widths (MLA's differ)
                 parts, like = [], getattr(mine if mine.keys is not None else theirs, which)
@@ -370,9 +372,10 @@ class RaggedBatch:
                     held, lead = batch.columns - cache.first, cache.first + pad - first
                     parts.append(tree_map(lambda part: shifted(part[..., :held, :], lead), buffer))
                 stacked.append(tree_map(lambda a, b: mx.concatenate([a, b], axis=0), *parts))
-            mine.keys, mine.values, mine.first = *stacked, first
+            mine.keys, mine.values = stacked
             if mine.window:
-                self.starts[mine.window] = first
+                starts[mine.window] = first
+        self.starts = starts
         self.valid = np.concatenate([np.pad(batch.valid[:, :batch.columns], ((0, 0), (pad, 0)))
                                      for batch, pad in sides])
         self.columns = self.capacity = width
@@ -397,20 +400,18 @@ class RaggedBatch:
         for row, count in enumerate(counts):
             index[row, width - count:] = np.flatnonzero(self.valid[row])
             valid[row, width - count:] = True
-        gathers = {}  # by the columns a layer holds after and before
+        starts = {window: max(0, width - window - 1) for window in self.windows}  # each row's last window + 1
+        gathers = {}  # by the first column a layer holds after and before
         for cache in self.layers:
             if isinstance(cache, RaggedKVCache) and cache.keys is not None:
-                first = max(0, width - cache.window - 1) if cache.window else 0  # a window: each row's last ones
+                first = starts.get(cache.window, 0)
                 if (first, cache.first) not in gathers:
                     kept = np.maximum(index[:, first:] - cache.first, 0)
                     gathers[first, cache.first] = mx.array(kept)[:, None, :, None]
                 gather = gathers[first, cache.first]
                 cache.keys, cache.values = tree_map(lambda buffer: mx.take_along_axis(buffer, gather, axis=2),
                                                     (cache.keys, cache.values))
-                cache.first = first
-                if cache.window:
-                    self.starts[cache.window] = first
-        self.valid, self.columns, self.capacity = valid, width, width
+        self.valid, self.columns, self.capacity, self.starts = valid, width, width, starts
 
 
 def _stack_rows(mine: mx.array | None, rows: int, theirs: mx.array | None, their_rows: int) -> mx.array | None:

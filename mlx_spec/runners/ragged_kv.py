@@ -20,9 +20,13 @@ class RaggedKVCache:
         layer then holds only the columns from its batch's `starts[window]` on."""
         self.batch, self.window = batch, window
         self.keys = self.values = None
-        self.first = 0  # the column its buffers' first one is
         if bits:
             self.bits, self.group_size = bits, group_size
+
+    @property
+    def first(self) -> int:
+        """The column its buffers' first one is (a window's layers: the batch's `starts`; else 0)."""
+        return self.batch.starts.get(self.window, 0) if self.window else 0
 
     @property
     def offset(self) -> mx.array:
@@ -31,11 +35,7 @@ class RaggedKVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         if hasattr(self, "bits"):
             keys, values = (tuple(mx.quantize(x, group_size=self.group_size, bits=self.bits)) for x in (keys, values))
-        first = self.batch.starts.get(self.window, 0)
-        if first > self.first and self.keys is not None:  # the batch slid the window: drop what it left behind
-            self.keys, self.values = tree_map(lambda buffer: buffer[..., first - self.first:, :],
-                                              (self.keys, self.values))
-        self.first = first
+        first = self.first
         start, width = self.batch.columns - first, self.batch.capacity - first
         end = start + parts_of(keys)[0].shape[2]
         if self.keys is None or parts_of(self.keys)[0].shape[2] < width:
@@ -49,13 +49,13 @@ class RaggedKVCache:
         where other rows' drafts left holes, and room for the next writes)."""
         return min(positions, 2 * (self.window + 1) + STEP) if self.window else positions
 
-    def held(self) -> tuple[int, mx.array, mx.array]:
-        """(the first column it holds, its keys and values from there to the last written column)."""
+    def held(self) -> tuple[mx.array, mx.array]:
+        """Its keys and values from its `first` column to the last written one."""
         end = self.batch.columns - self.first
-        return self.first, self.keys[..., :end, :], self.values[..., :end, :]
+        return self.keys[..., :end, :], self.values[..., :end, :]
 
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False, **kwargs):
-        window, first = window_size or self.window, self.batch.starts.get(self.window, 0)
+        window, first = window_size or self.window, self.first
         if self.batch.lone:
             mask = lone_mask(n, int(self.batch.columns), window, return_array)
             return mask[..., first:] if first else mask
