@@ -197,9 +197,9 @@ def test_a_server_serves_alternating_chats_from_its_prompt_cache_within_budget(t
 def test_rows_far_past_the_sliding_window_hold_only_the_window(tiny, monkeypatch):
     """Gemma 3 rows (a 16-token window) decode hundreds of tokens past it in a batch (n-gram drafts accepted and
     rejected, rows leaving and joining); their next turns start from what the rows stored, in a batch and alone.
-    Every answer is mlx-lm's plain greedy decoding; the window's layers hold at most twice what the rows' next
-    queries see (each row's last 17 positions, amid the columns of its rejected drafts), and their buffers hold far
-    fewer columns than full attention's."""
+    Every answer is mlx-lm's plain greedy decoding; the window's layers hold what the rows' next queries see (each
+    row's last 17 positions, amid the columns of its rejected drafts: at most 4 a position) and a forward's inputs,
+    and their buffers hold far fewer columns than full attention's."""
     engine = mlx_spec.load(str(tiny["gemma3"]), drafter="ngram", draft_len=3)
     engine.cache_prompts(1 << 30)
     seen, forward = [], RaggedBatch.forward  # after each forward of the target's rows: what each layer held before
